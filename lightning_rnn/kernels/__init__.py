@@ -1,0 +1,1 @@
+"""Backends that run one direction of one recurrent layer (see dispatch.py)."""

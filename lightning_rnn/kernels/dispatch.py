@@ -1,0 +1,99 @@
+"""Choosing a backend for the fused layers.
+
+A *kernel backend* is a module with two functions that run one direction of one
+layer (signatures in :mod:`lightning_rnn.kernels.reference`)::
+
+    lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse) -> (out, h_n, c_n)
+    gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)      -> (out, h_n)
+
+``"reference"`` is always available. Compiled backends are loaded lazily by
+:func:`load`; a backend that cannot be built raises :class:`BackendUnavailable`.
+``"torch"`` is not a kernel backend: the layer hands the whole stack to torch.nn's
+own implementation (the baseline, and an escape hatch).
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+from types import ModuleType
+
+import torch
+
+KERNEL_BACKENDS = ("reference", "cpp", "cuda")
+BACKENDS = ("auto", "torch") + KERNEL_BACKENDS
+
+_MODULES = {
+    "reference": "lightning_rnn.kernels.reference",
+    "cpp": "lightning_rnn.kernels.cpp",
+    "cuda": "lightning_rnn.kernels.cuda",
+}
+_warned: set[str] = set()
+
+
+class BackendUnavailable(RuntimeError):
+    """A compiled backend cannot be used here (no compiler, no GPU, build error)."""
+
+
+def check_backend_name(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    return backend
+
+
+def load(name: str) -> ModuleType:
+    """Import a kernel backend, building it if needed. Raises BackendUnavailable."""
+    module = importlib.import_module(_MODULES[name])
+    if name != "reference":
+        module.load()  # builds (once) or raises BackendUnavailable
+    return module
+
+
+def _preferred(device: torch.device) -> str:
+    return "cuda" if device.type == "cuda" else "cpp"
+
+
+def resolve(backend: str, device: torch.device) -> str:
+    """The concrete backend for ``backend`` on ``device``.
+
+    ``"auto"`` picks the compiled backend for the device, falling back to
+    ``"reference"`` with one warning when it cannot be built. Named backends raise
+    :class:`BackendUnavailable` instead of falling back.
+    """
+    check_backend_name(backend)
+    if backend != "auto":
+        if backend in KERNEL_BACKENDS:
+            load(backend)
+        return backend
+    name = _preferred(device)
+    try:
+        load(name)
+        return name
+    except (BackendUnavailable, ModuleNotFoundError) as err:
+        if name not in _warned:
+            _warned.add(name)
+            warnings.warn(
+                f"lightning_rnn: the {name!r} backend is unavailable ({err}); "
+                "falling back to the slower 'reference' backend.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return "reference"
+
+
+def kernels(backend: str) -> ModuleType:
+    """The kernel module of a concrete backend name."""
+    return load(backend)
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Kernel backends that load on ``device`` (the reference always does)."""
+    device = torch.device(device)
+    names = ["reference", _preferred(device)]
+    out = []
+    for name in names:
+        try:
+            load(name)
+            out.append(name)
+        except (BackendUnavailable, ModuleNotFoundError):
+            pass
+    return out

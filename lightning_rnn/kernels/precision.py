@@ -1,0 +1,36 @@
+"""Which dtypes a recurrent kernel computes in, with or without autocast.
+
+Without autocast everything runs in the weights' dtype. Under ``torch.autocast`` the
+GEMM operands (input, weights, hidden state fed to the recurrent GEMM) are cast to the
+autocast dtype (bf16/fp16), while the gate pre-activations, the cell state and every
+accumulation stay in the weights' dtype (fp32). The activated gates saved for the
+backward pass are stored in the low precision, and the layer output follows autocast's
+convention for matmuls (low precision).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute: torch.dtype  # GEMM operands, saved gates, outputs
+    state: torch.dtype  # pre-activations, cell/hidden state, accumulations
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute != self.state
+
+    @classmethod
+    def for_call(cls, x: torch.Tensor, weight: torch.Tensor) -> "Precision":
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32:
+            return cls(torch.get_autocast_dtype(device_type), weight.dtype)
+        return cls(weight.dtype, weight.dtype)
+
+
+def autocast_off(device: torch.device):
+    """Context in which the kernel casts by hand: autocast must not re-cast our GEMMs."""
+    return torch.autocast(device.type, enabled=False)

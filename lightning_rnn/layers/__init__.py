@@ -1,0 +1,6 @@
+"""Recurrent layers: TemporalAdapter and the fused LSTM/GRU."""
+from .cells import FusedGRU, FusedLSTM
+from .recurrent import FusedRNNBase
+from .temporal_adapter import TemporalAdapter
+
+__all__ = ["FusedGRU", "FusedLSTM", "FusedRNNBase", "TemporalAdapter"]

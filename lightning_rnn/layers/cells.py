@@ -1,0 +1,26 @@
+"""The two public layers: each is the shared driver plus a cell description."""
+from __future__ import annotations
+
+from torch import nn
+
+from .recurrent import CellSpec, FusedRNNBase
+
+
+class FusedLSTM(FusedRNNBase):
+    """Drop-in replacement for :class:`torch.nn.LSTM` (no ``proj_size``).
+
+    Gates ``i, f, g, o`` as in torch.nn; ``forward(input, (h_0, c_0)=None)`` returns
+    ``(output, (h_n, c_n))``. The state dict uses torch.nn's key names and shapes.
+    """
+
+    cell = CellSpec(name="lstm", num_gates=4, num_states=2, torch_class=nn.LSTM)
+
+
+class FusedGRU(FusedRNNBase):
+    """Drop-in replacement for :class:`torch.nn.GRU`.
+
+    Gates ``r, z, n`` with torch/cuDNN's ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``;
+    ``forward(input, h_0=None)`` returns ``(output, h_n)``.
+    """
+
+    cell = CellSpec(name="gru", num_gates=3, num_states=1, torch_class=nn.GRU)

@@ -1,0 +1,244 @@
+"""The driver shared by FusedLSTM and FusedGRU: layers x directions x packing x state.
+
+A cell type is described by a :class:`CellSpec` (gate count, how many state tensors,
+the torch.nn class it replaces). Everything else — parameters under torch.nn's names
+and shapes, input normalization, initial states, inter-layer dropout, bidirectional
+concatenation, backend dispatch — lives here once.
+
+Weight layout: each ``weight_ih_l{k}`` is ``(G*H, I)`` row-major with the gates fused
+in one matrix, exactly torch.nn's layout. That is the layout the kernels read
+contiguously: the input projection ``x @ W_ih^T`` and the recurrent ``h @ W_hh^T``
+are NT GEMMs that walk each weight row in memory order, so no per-forward repacking
+is needed and a torch.nn state dict loads as is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import dispatch
+from .sequence import SequenceBatch
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    name: str  # kernel function name: "lstm" or "gru"
+    num_gates: int
+    num_states: int  # 2 for (h, c), 1 for h
+    torch_class: type
+
+
+_CONFIG_KEYS = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional")
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
+class FusedRNNBase(nn.Module):
+    """Multi-layer, optionally bidirectional recurrent layer running fused kernels."""
+
+    cell: ClassVar[CellSpec]
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        *,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.input_size = _check_int("input_size", input_size, 1)
+        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
+        self.num_layers = _check_int("num_layers", num_layers, 1)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ValueError(f"dropout: expected a float in [0, 1], got {dropout!r}")
+        self.dropout = float(dropout)
+        self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
+        self.backend = dispatch.check_backend_name(backend)
+        factory = {"device": device, "dtype": dtype}
+        G, H = self.cell.num_gates, hidden_size
+        for layer in range(num_layers):
+            layer_input = input_size if layer == 0 else H * self.num_directions
+            for direction in range(self.num_directions):
+                sfx = self._suffix(layer, direction)
+                self.register_parameter(f"weight_ih{sfx}", nn.Parameter(torch.empty(G * H, layer_input, **factory)))
+                self.register_parameter(f"weight_hh{sfx}", nn.Parameter(torch.empty(G * H, H, **factory)))
+                if self.bias:
+                    self.register_parameter(f"bias_ih{sfx}", nn.Parameter(torch.empty(G * H, **factory)))
+                    self.register_parameter(f"bias_hh{sfx}", nn.Parameter(torch.empty(G * H, **factory)))
+        self.reset_parameters()
+
+    # ----- parameters -------------------------------------------------------------
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @staticmethod
+    def _suffix(layer: int, direction: int) -> str:
+        return f"_l{layer}" + ("_reverse" if direction == 1 else "")
+
+    def reset_parameters(self) -> None:
+        """torch.nn's initialization: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+    def layer_weights(self, layer: int, direction: int) -> tuple:
+        """(w_ih, w_hh, b_ih, b_hh) of one layer-direction; biases are None without bias."""
+        sfx = self._suffix(layer, direction)
+        b_ih, b_hh = (getattr(self, f"bias_ih{sfx}"), getattr(self, f"bias_hh{sfx}")) if self.bias else (None, None)
+        return getattr(self, f"weight_ih{sfx}"), getattr(self, f"weight_hh{sfx}"), b_ih, b_hh
+
+    def flat_weights(self) -> list[torch.Tensor]:
+        """All weights in torch.nn's ``_flat_weights`` order."""
+        return [
+            w
+            for layer in range(self.num_layers)
+            for d in range(self.num_directions)
+            for w in self.layer_weights(layer, d)
+            if w is not None
+        ]
+
+    def flatten_parameters(self) -> None:
+        """Kept for drop-in compatibility with torch.nn: our weights are always in kernel layout."""
+
+    # ----- conversion ---------------------------------------------------------------
+    def _config(self) -> dict:
+        return {k: getattr(self, k) for k in _CONFIG_KEYS}
+
+    @classmethod
+    def from_torch(cls, module: nn.Module, *, backend: str = "auto") -> "FusedRNNBase":
+        """A fused copy of a ``torch.nn.LSTM``/``GRU`` (same weights, dtype and device)."""
+        torch_class = cls.cell.torch_class
+        if not isinstance(module, torch_class):
+            raise TypeError(f"module: expected a torch.nn.{torch_class.__name__}, got {type(module).__name__}")
+        if getattr(module, "proj_size", 0):
+            raise ValueError(f"module: proj_size={module.proj_size} is not supported (expected 0)")
+        ref = module.weight_ih_l0
+        config = {k: getattr(module, k) for k in _CONFIG_KEYS}
+        fused = cls(**config, backend=backend, device=ref.device, dtype=ref.dtype)
+        fused.load_state_dict(module.state_dict())
+        return fused
+
+    def to_torch(self) -> nn.Module:
+        """A ``torch.nn.LSTM``/``GRU`` with a copy of these weights (same dtype and device)."""
+        ref = self.weight_ih_l0
+        module = self.cell.torch_class(**self._config(), device=ref.device, dtype=ref.dtype)
+        module.load_state_dict(self.state_dict())
+        return module.train(self.training)
+
+    # ----- forward ------------------------------------------------------------------
+    def forward(self, input, hx=None):
+        """Same contract as torch.nn: ``(output, h_n)`` for GRU, ``(output, (h_n, c_n))`` for LSTM.
+
+        input: (T, B, I), (B, T, I) with batch_first, (T, I) unbatched, or a PackedSequence.
+        hx:    initial state(s) (L*D, B, H) ((L*D, H) unbatched) in the caller's batch order.
+        """
+        batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
+        self._check_input_matches_weights(batch.data)
+        states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
+        backend = dispatch.resolve(self.backend, batch.data.device)
+        if backend == "torch":
+            out, final = self._run_torch(batch, states)
+        else:
+            out, final = self._run_kernels(dispatch.kernels(backend), batch, states)
+        final = [batch.unsort_state(s) for s in final]
+        return batch.restore(out), (tuple(final) if self.cell.num_states > 1 else final[0])
+
+    def _run_kernels(self, kernels, batch: SequenceBatch, states: list[torch.Tensor]):
+        run_cell = getattr(kernels, self.cell.name)
+        x, D = batch.data, self.num_directions
+        finals: list[list[torch.Tensor]] = [[] for _ in states]
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(D):
+                init = [s[layer * D + d] for s in states]
+                out, *final = run_cell(x, batch.batch_sizes, *init, *self.layer_weights(layer, d), d == 1)
+                outs.append(out)
+                for acc, s in zip(finals, final):
+                    acc.append(s)
+            x = outs[0] if D == 1 else torch.cat(outs, dim=1)  # (N, D*H)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, training=True)
+        return x, [torch.stack(f) for f in finals]
+
+    def _run_torch(self, batch: SequenceBatch, states: list[torch.Tensor]):
+        fn = getattr(torch._VF, self.cell.name)
+        hx = tuple(states) if self.cell.num_states > 1 else states[0]
+        args = (self.flat_weights(), self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
+        if batch.is_full:
+            T = len(batch.batch_sizes)
+            out, *final = fn(batch.data.view(T, batch.batch, -1), hx, *args, False)
+            out = out.reshape(T * batch.batch, -1)
+        else:
+            out, *final = fn(batch.data, batch.batch_sizes, hx, *args)
+        return out, final
+
+    # ----- validation ---------------------------------------------------------------
+    def _check_input_matches_weights(self, x: torch.Tensor) -> None:
+        w = self.weight_ih_l0
+        if x.device != w.device:
+            raise ValueError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"input: dtype {x.dtype} does not match the layer's weights ({w.dtype}); "
+                f"convert the input or the layer (e.g. layer.to({x.dtype}))"
+            )
+
+    def _initial_states(self, hx, batch: SequenceBatch) -> list[torch.Tensor]:
+        """The initial states as (L*D, B, H) tensors, zeros where hx is None."""
+        L, B, H = self.num_layers * self.num_directions, batch.batch, self.hidden_size
+        n = self.cell.num_states
+        expected = (L, H) if batch.unbatched else (L, B, H)
+        name = type(self).__name__
+        if hx is None:
+            zeros = batch.data.new_zeros(L, B, H)
+            return [zeros] * n
+        if n > 1:
+            if not isinstance(hx, (tuple, list)) or len(hx) != n:
+                raise TypeError(f"hx: {name} expects a tuple (h_0, c_0) of tensors of shape {expected}, got {_describe(hx)}")
+        elif not isinstance(hx, torch.Tensor):
+            raise TypeError(f"hx: {name} expects a tensor h_0 of shape {expected}, got {_describe(hx)}")
+        else:
+            hx = (hx,)
+        states = []
+        for label, s in zip(("h_0", "c_0"), hx):
+            if not isinstance(s, torch.Tensor):
+                raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
+            if tuple(s.shape) != expected:
+                raise ValueError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
+            if s.device != batch.data.device:
+                raise ValueError(f"hx: expected {label} on {batch.data.device}, got {s.device}")
+            if s.dtype != batch.data.dtype and not torch.is_autocast_enabled(s.device.type):
+                raise TypeError(f"hx: expected {label} of dtype {batch.data.dtype} like the input, got {s.dtype}")
+            states.append(s.unsqueeze(1) if batch.unbatched else s)
+        return states
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        defaults = dict(num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False)
+        s += "".join(f", {k}={v}" for k, v in self._config().items() if k in defaults and v != defaults[k])
+        return s + (f", backend={self.backend!r}" if self.backend != "auto" else "")
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return type(value).__name__

@@ -1,0 +1,85 @@
+"""Normalizing the inputs torch.nn.LSTM/GRU accept into the kernels' packed layout.
+
+torch.nn recurrent layers take a padded tensor ``(T, B, I)`` (``(B, T, I)`` with
+``batch_first``), an unbatched ``(T, I)`` tensor, or a PackedSequence. The kernels take
+one layout: packed, time-major rows ``(N, I)`` plus ``batch_sizes``. A full batch is
+the packed layout with ``batch_sizes = [B] * T`` (a view, no copy, when time-major).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import PackedSequence
+
+
+@dataclass
+class SequenceBatch:
+    data: torch.Tensor  # (N, I) packed time-major rows
+    batch_sizes: torch.Tensor  # (T,) int64 on CPU, non-increasing
+    sorted_indices: torch.Tensor | None  # packed input only: batch row -> sorted position
+    unsorted_indices: torch.Tensor | None
+    kind: str  # "packed", "padded" or "unbatched"
+    batch_first: bool = False
+
+    @classmethod
+    def from_input(cls, input, batch_first: bool, input_size: int) -> "SequenceBatch":
+        if isinstance(input, PackedSequence):
+            _check_features(input.data, input_size, "input.data")
+            return cls(input.data, input.batch_sizes, input.sorted_indices, input.unsorted_indices, "packed")
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"input: expected a Tensor or PackedSequence, got {type(input).__name__}")
+        if input.dim() not in (2, 3):
+            raise ValueError(
+                f"input: expected a 3-D batched tensor ({'B, T' if batch_first else 'T, B'}, input_size) "
+                f"or a 2-D unbatched tensor (T, input_size), got shape {tuple(input.shape)}"
+            )
+        _check_features(input, input_size, "input")
+        kind = "padded" if input.dim() == 3 else "unbatched"
+        x = input if kind == "padded" else input.unsqueeze(1)
+        if kind == "padded" and batch_first:
+            x = x.transpose(0, 1)
+        T, B = x.shape[0], x.shape[1]
+        if T == 0 or B == 0:
+            raise ValueError(f"input: expected at least one time step and one sequence, got shape {tuple(input.shape)}")
+        batch_sizes = torch.full((T,), B, dtype=torch.int64)
+        return cls(x.reshape(T * B, input_size), batch_sizes, None, None, kind, batch_first and kind == "padded")
+
+    @property
+    def batch(self) -> int:
+        return int(self.batch_sizes[0])
+
+    @property
+    def is_full(self) -> bool:
+        """True when every sequence has every time step (no packing needed)."""
+        return self.kind != "packed"
+
+    @property
+    def unbatched(self) -> bool:
+        return self.kind == "unbatched"
+
+    def restore(self, out: torch.Tensor):
+        """Packed ``(N, F)`` kernel output -> the caller's layout."""
+        if self.kind == "packed":
+            return PackedSequence(out, self.batch_sizes, self.sorted_indices, self.unsorted_indices)
+        y = out.view(len(self.batch_sizes), self.batch, out.shape[-1])  # (T, B, F)
+        if self.kind == "unbatched":
+            return y.squeeze(1)
+        return y.transpose(0, 1) if self.batch_first else y
+
+    def sort_state(self, state: torch.Tensor) -> torch.Tensor:
+        """(L*D, B, H) in the caller's batch order -> the kernels' length-sorted order."""
+        return state if self.sorted_indices is None else state.index_select(1, self.sorted_indices)
+
+    def unsort_state(self, state: torch.Tensor) -> torch.Tensor:
+        """(L*D, B, H) in sorted order -> the caller's order (and layout, if unbatched)."""
+        if self.unsorted_indices is not None:
+            state = state.index_select(1, self.unsorted_indices)
+        return state.squeeze(1) if self.unbatched else state
+
+
+def _check_features(x: torch.Tensor, input_size: int, name: str) -> None:
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+    if x.shape[-1] != input_size:
+        raise ValueError(f"{name}: expected last dimension input_size={input_size}, got {x.shape[-1]} (shape {tuple(x.shape)})")

@@ -1,0 +1,44 @@
+"""torch.nn interop: state dict names/shapes, from_torch / to_torch both ways."""
+import pytest
+import torch
+from torch import nn
+
+from lightning_rnn import FusedGRU, FusedLSTM
+
+PAIRS = [(FusedLSTM, nn.LSTM), (FusedGRU, nn.GRU)]
+CONFIG = dict(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, batch_first=True)
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_state_dict_has_torch_names_and_shapes(fused_class, torch_class):
+    ours, theirs = fused_class(**CONFIG).state_dict(), torch_class(**CONFIG).state_dict()
+    assert list(ours) == list(theirs)
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_load_torch_state_dict_gives_same_function(fused_class, torch_class):
+    ref = torch_class(**CONFIG)
+    fused = fused_class(**CONFIG)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 3)
+    torch.testing.assert_close(fused(x)[0], ref(x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_round_trip_keeps_weights_dtype_device(fused_class, torch_class):
+    ref = torch_class(**CONFIG).double()
+    fused = fused_class.from_torch(ref)
+    assert fused.weight_hh_l1_reverse.dtype == torch.float64
+    assert fused.batch_first and fused.bidirectional and fused.num_layers == 2
+    back = fused.to_torch()
+    assert type(back) is torch_class and back.weight_ih_l0.dtype == torch.float64
+    for (k, a), (k2, b) in zip(ref.state_dict().items(), back.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+
+
+def test_repr_and_init_range():
+    layer = FusedLSTM(3, 16, num_layers=2, dropout=0.25)
+    assert repr(layer) == "FusedLSTM(3, 16, num_layers=2, dropout=0.25)"
+    bound = 1 / 16**0.5
+    assert all(p.abs().max() <= bound for p in layer.parameters())

@@ -1,0 +1,87 @@
+"""Bad input gets a clear error naming the argument; one bad row does not spoil the others."""
+import pytest
+import torch
+
+from lightning_rnn import FusedGRU, FusedLSTM
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(hidden_size=0), "hidden_size: expected an int >= 1"),
+        (dict(num_layers=0), "num_layers: expected an int >= 1"),
+        (dict(input_size=-2), "input_size: expected an int >= 1"),
+        (dict(hidden_size=4.0), "hidden_size"),
+        (dict(dropout=1.5), r"dropout: expected a float in \[0, 1\]"),
+        (dict(dropout=-0.1), r"dropout: expected a float in \[0, 1\]"),
+        (dict(backend="cudnn"), "backend: expected one of"),
+    ],
+)
+@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
+def test_bad_constructor_arguments(layer_class, kwargs, match):
+    args = dict(input_size=3, hidden_size=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        layer_class(**args)
+
+
+@pytest.mark.parametrize(
+    "make_input, error, match",
+    [
+        (lambda: torch.randn(5, 2, 7), ValueError, "input: expected last dimension input_size=3, got 7"),
+        (lambda: torch.randn(5, 2, 3, 1), ValueError, "input: expected a 3-D batched tensor"),
+        (lambda: torch.randn(3), ValueError, "input: expected a 3-D batched tensor"),
+        (lambda: torch.ones(5, 2, 3, dtype=torch.long), TypeError, "input: expected a floating-point tensor"),
+        (lambda: torch.randn(5, 2, 3, dtype=torch.float64), TypeError, "input: dtype torch.float64 does not match"),
+        (lambda: [1.0, 2.0], TypeError, "input: expected a Tensor or PackedSequence"),
+        (lambda: torch.randn(0, 2, 3), ValueError, "input: expected at least one time step"),
+    ],
+)
+@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
+def test_bad_input(layer_class, make_input, error, match):
+    layer = layer_class(3, 4)
+    with pytest.raises(error, match=match):
+        layer(make_input())
+
+
+def test_bad_lstm_states():
+    layer = FusedLSTM(3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(TypeError, match=r"hx: FusedLSTM expects a tuple \(h_0, c_0\)"):
+        layer(x, torch.zeros(2, 2, 4))
+    with pytest.raises(ValueError, match=r"hx: expected h_0 of shape \(2, 2, 4\), got \(1, 2, 4\)"):
+        layer(x, (torch.zeros(1, 2, 4), torch.zeros(2, 2, 4)))
+    with pytest.raises(ValueError, match=r"hx: expected c_0 of shape \(2, 2, 4\), got \(2, 3, 4\)"):
+        layer(x, (torch.zeros(2, 2, 4), torch.zeros(2, 3, 4)))
+    with pytest.raises(TypeError, match="hx: expected h_0 of dtype torch.float32"):
+        layer(x, (torch.zeros(2, 2, 4, dtype=torch.float64), torch.zeros(2, 2, 4)))
+    with pytest.raises(ValueError, match=r"hx: expected h_0 of shape \(2, 4\)"):
+        layer(torch.randn(5, 3), (torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)))
+
+
+def test_gru_given_lstm_state():
+    layer = FusedGRU(3, 4)
+    with pytest.raises(TypeError, match=r"hx: FusedGRU expects a tensor h_0 of shape \(1, 2, 4\), got a tuple"):
+        layer(torch.randn(5, 2, 3), (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+
+
+def test_from_torch_rejects_other_modules():
+    with pytest.raises(TypeError, match="module: expected a torch.nn.LSTM, got GRU"):
+        FusedLSTM.from_torch(torch.nn.GRU(3, 4))
+    with pytest.raises(ValueError, match="module: proj_size=2 is not supported"):
+        FusedLSTM.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
+
+
+@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
+def test_nan_in_one_sequence_leaves_other_rows_alone(layer_class):
+    layer = layer_class(3, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 4, 3)
+    clean, _ = layer(x)
+    x_bad = x.clone()
+    x_bad[2, 1, 0] = float("nan")
+    x_bad.requires_grad_(True)
+    dirty, _ = layer(x_bad)
+    keep = [0, 2, 3]
+    assert torch.isnan(dirty[:, 1]).any()
+    torch.testing.assert_close(dirty[:, keep], clean[:, keep], rtol=0, atol=0)
+    (dirty[:, keep].sum()).backward()
+    assert torch.isfinite(x_bad.grad[:, keep]).all()

@@ -1,0 +1,38 @@
+"""The saved-for-backward meter, and the activation-memory targets of the layers."""
+import pytest
+import torch
+from torch import nn
+
+from lightning_rnn import FusedGRU, FusedLSTM
+from lightning_rnn.bench.baselines import CellLoop
+from lightning_rnn.utils.memory import SavedTensorsMeter, saved_tensor_bytes
+
+
+def test_counts_distinct_storages_once_and_excludes_parameters():
+    w = nn.Parameter(torch.randn(4, 4))
+    x = torch.randn(8, 4, requires_grad=True)
+    with SavedTensorsMeter(exclude=[w]) as meter:
+        y = x @ w  # saves x and w
+        z = (x[:4] * x[4:]).sum()  # saves two views of x's storage
+    assert meter.bytes == x.numel() * 4
+    assert y.requires_grad and z.requires_grad
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_lstm_activation_memory_targets(layers):
+    ref = nn.LSTM(32, 32, layers)
+    fused = FusedLSTM.from_torch(ref, backend="reference")
+    x = torch.randn(20, 8, 32, requires_grad=True)
+    ours = saved_tensor_bytes(lambda: fused(x)[0], exclude=fused)
+    assert ours <= 0.40 * saved_tensor_bytes(lambda: ref(x)[0], exclude=ref)
+    loop = CellLoop.like(ref)
+    assert ours <= 0.75 * saved_tensor_bytes(lambda: loop(x), exclude=loop)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_gru_activation_memory_target(layers):
+    ref = nn.GRU(32, 32, layers)
+    fused = FusedGRU.from_torch(ref, backend="reference")
+    x = torch.randn(20, 8, 32, requires_grad=True)
+    ours = saved_tensor_bytes(lambda: fused(x)[0], exclude=fused)
+    assert ours <= 0.65 * saved_tensor_bytes(lambda: ref(x)[0], exclude=ref)
