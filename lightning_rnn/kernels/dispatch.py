@@ -8,6 +8,8 @@ layer (signatures in :mod:`lightning_rnn.kernels.reference`)::
 
 ``"reference"`` is always available. Compiled backends are loaded lazily by
 :func:`load`; a backend that cannot be built raises :class:`BackendUnavailable`.
+``"auto"`` takes the first backend of :data:`PREFERENCE` for the device that loads
+(fastest first: the compiled kernel of the device, then ``reference``).
 ``"torch"`` is not a kernel backend: the layer hands the whole stack to torch.nn's
 own implementation (the baseline, and an escape hatch).
 """
@@ -27,6 +29,8 @@ _MODULES = {
     "cpp": "lightning_rnn.kernels.cpp",
     "cuda": "lightning_rnn.kernels.cuda",
 }
+# Kernel backends per device type, fastest first; "reference" closes every list.
+PREFERENCE = {"cpu": ("cpp", "reference"), "cuda": ("cuda", "reference")}
 _warned: set[str] = set()
 
 
@@ -48,15 +52,31 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def _preferred(device: torch.device) -> str:
-    return "cuda" if device.type == "cuda" else "cpp"
+def _preference(device: torch.device) -> tuple[str, ...]:
+    return PREFERENCE.get(torch.device(device).type, ("reference",))
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Kernel backends that load here and run on ``device`` (fastest first).
+
+    Builds compiled backends on first call; used to parametrize the parity tests.
+    """
+    names = []
+    for name in _preference(device):
+        try:
+            load(name)
+        except (BackendUnavailable, ModuleNotFoundError):
+            continue
+        names.append(name)
+    return names
 
 
 def resolve(backend: str, device: torch.device) -> str:
     """The concrete backend for ``backend`` on ``device``.
 
-    ``"auto"`` picks the compiled backend for the device, falling back to
-    ``"reference"`` with one warning when it cannot be built. Named backends raise
+    ``"auto"`` picks the fastest backend for the device that loads (see
+    :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
+    and process) and moves on, ending at ``"reference"``. Named backends raise
     :class:`BackendUnavailable` instead of falling back.
     """
     check_backend_name(backend)
@@ -64,36 +84,32 @@ def resolve(backend: str, device: torch.device) -> str:
         if backend in KERNEL_BACKENDS:
             load(backend)
         return backend
-    name = _preferred(device)
-    try:
-        load(name)
-        return name
-    except (BackendUnavailable, ModuleNotFoundError) as err:
-        if name not in _warned:
-            _warned.add(name)
-            warnings.warn(
-                f"lightning_rnn: the {name!r} backend is unavailable ({err}); "
-                "falling back to the slower 'reference' backend.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return "reference"
+    for name in _preference(device):
+        try:
+            load(name)
+            return name
+        except (BackendUnavailable, ModuleNotFoundError) as err:
+            if name not in _warned:
+                _warned.add(name)
+                warnings.warn(
+                    f"lightning_rnn: the {name!r} backend is unavailable ({_summary(err)}); "
+                    "falling back to the slower 'reference' backend.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+    return "reference"
+
+
+def _summary(err: Exception, max_lines: int = 3) -> str:
+    """The gist of a (possibly long) build failure: its first line and first error lines."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    errors = [ln for ln in lines[1:] if "error" in ln.lower() and not ln.startswith(("c++ ", "[", "FAILED"))]
+    return " | ".join(lines[:1] + errors[:max_lines])[:1000]
 
 
 def kernels(backend: str) -> ModuleType:
     """The kernel module of a concrete backend name."""
     return load(backend)
 
-
-def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """Kernel backends that load on ``device`` (the reference always does)."""
-    device = torch.device(device)
-    names = ["reference", _preferred(device)]
-    out = []
-    for name in names:
-        try:
-            load(name)
-            out.append(name)
-        except (BackendUnavailable, ModuleNotFoundError):
-            pass
-    return out

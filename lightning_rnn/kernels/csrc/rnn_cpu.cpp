@@ -1,0 +1,85 @@
+// CPU backend: the pointwise passes of the driver as vectorized loops over the H
+// columns of a row, parallelized over batch rows with at::parallel_for; GEMMs are
+// ATen's (MKL / oneDNN). Exposed to Python as lstm_forward/backward, gru_forward/backward.
+#include <torch/extension.h>
+
+#include "rnn_driver.h"
+
+namespace lrnn {
+
+// Rows per parallel chunk: enough elements (~16K) that a thread hand-off pays off.
+inline int64_t grain_rows(int64_t row_elems) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, row_elems));
+}
+
+struct CpuDev {
+  static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
+
+  template <class Cell, typename S, typename A>
+  static void forward_step(const FwdStep<S, A>& s) {
+    if constexpr (Cell::kHwInPre) {
+      if (!s.hw) return forward_rows<Cell, false>(s);
+    }
+    forward_rows<Cell, true>(s);
+  }
+
+  template <class Cell, bool kHw, typename S, typename A>
+  static void forward_rows(const FwdStep<S, A>& s) {
+    const int64_t H = s.H;
+    at::parallel_for(0, s.n, grain_rows(4 * H), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const FwdRow<S, A> r = s.row(b);
+#pragma omp simd
+        for (int64_t j = 0; j < H; ++j) Cell::template forward<kHw>(r, H, j);
+      }
+    });
+  }
+
+  template <class Cell, typename S, typename A>
+  static void scan(const ScanArgs<S, A>& a, int64_t B) {
+    const int64_t H = a.H;
+    at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        scan_tokens<Cell>(a, b, [&](const ScanRow<S, A>& r, const A* h0, S* h_prev_c, bool first) {
+          if (first) {
+            for (int64_t j = 0; j < H; ++j) h_prev_c[j] = S(h0[j]);
+          }
+#pragma omp simd
+          for (int64_t j = 0; j < H; ++j) Cell::scan(r, H, j);
+        });
+      }
+    });
+  }
+
+  template <class Cell, typename S, typename A>
+  static void backward_step(const BwdStep<S, A>& s) {
+    if (s.dh_in) return backward_rows<Cell, true>(s);
+    backward_rows<Cell, false>(s);
+  }
+
+  template <class Cell, bool kDhIn, typename S, typename A>
+  static void backward_rows(const BwdStep<S, A>& s) {
+    const int64_t H = s.H;
+    at::parallel_for(0, s.n, grain_rows(4 * H), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const BwdRow<S, A> r = s.row(b);
+#pragma omp simd
+        for (int64_t j = 0; j < H; ++j) Cell::template backward<kDhIn>(r, H, j);
+      }
+    });
+  }
+};
+
+}  // namespace lrnn
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace lrnn;
+  m.doc() = "lightning_rnn fused LSTM/GRU kernels (CPU)";
+  m.def("lstm_forward", &rnn_forward<LstmCell, CpuDev>, "LSTM forward of one layer-direction");
+  m.def("lstm_backward", &rnn_backward<LstmCell, CpuDev>, "LSTM backward of one layer-direction");
+  m.def("gru_forward", &rnn_forward<GruCell, CpuDev>, "GRU forward of one layer-direction");
+  m.def("gru_backward", &rnn_backward<GruCell, CpuDev>, "GRU backward of one layer-direction");
+  m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
+  m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
+  m.def("num_threads", &at::get_num_threads, "intra-op threads seen by the extension");
+}

@@ -1,0 +1,79 @@
+"""Building and choosing the compiled backends: errors, fallback, caching, bad input."""
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from lightning_rnn.kernels import cpp, dispatch
+from lightning_rnn.kernels.cpp import build
+
+from kernel_cases import kernels_for, make_args
+
+
+@pytest.fixture
+def broken_cpp(tmp_path, monkeypatch):
+    """The cpp backend with a source that fails to compile (fast: #error on line 1)."""
+    src = tmp_path / "broken.cpp"
+    src.write_text('#error "lightning_rnn test: deliberately broken kernel"\n')
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(cpp, "SOURCES", [str(src)])
+    monkeypatch.setattr(build, "_built", {})  # forget this process's real build meanwhile
+    monkeypatch.setattr(dispatch, "_warned", set())
+
+
+def test_named_backend_raises_with_compiler_error(broken_cpp):
+    with pytest.raises(dispatch.BackendUnavailable, match="deliberately broken kernel"):
+        dispatch.resolve("cpp", torch.device("cpu"))
+    with pytest.raises(dispatch.BackendUnavailable, match="deliberately broken kernel"):
+        cpp.load()  # the failure is remembered, not rebuilt
+
+
+def test_auto_warns_once_and_falls_back(broken_cpp):
+    with pytest.warns(RuntimeWarning, match="(?s)'cpp' backend is unavailable.*deliberately broken.*falling back"):
+        assert dispatch.resolve("auto", torch.device("cpu")) == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.resolve("auto", torch.device("cpu")) == "reference"
+    assert dispatch.available_backends("cpu") == ["reference"]
+
+
+def test_auto_picks_compiled_backend_on_cpu():
+    assert dispatch.resolve("auto", torch.device("cpu")) == "cpp"
+    assert dispatch.available_backends("cpu") == ["cpp", "reference"]
+
+
+def test_cuda_backend_never_breaks_a_cpu_install():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the cuda backend is tested by test_backend_parity")
+    with pytest.raises(dispatch.BackendUnavailable):
+        dispatch.kernels("cuda")
+    assert "cuda" not in dispatch.available_backends("cuda")
+
+
+def test_cached_build_is_reused_by_another_process():
+    kernels_for("cpp")  # built (or loaded) in this process
+    code = "from lightning_rnn.kernels import cpp; cpp.load(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok" and "building" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: a.__setitem__(5, a[5][:, :-1]), "w_hh: expected shape"),
+        (lambda a: a.__setitem__(2, a[2][:-1]), "h0: expected shape"),
+        (lambda a: a.__setitem__(1, torch.tensor([2, 3])), "batch_sizes: expected positive, non-increasing"),
+        (lambda a: a.__setitem__(1, torch.tensor([3.0, 2.0])), "batch_sizes: expected a non-empty 1-D int64"),
+        (lambda a: a.__setitem__(0, a[0][:-1]), "x: expected 5 rows"),
+        (lambda a: a.__setitem__(7, None), "b_ih, b_hh: expected both or neither"),
+    ],
+)
+def test_bad_input_is_rejected_at_the_boundary(change, message):
+    kernels = kernels_for("cpp")
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in make_args("lstm", [3, 2])]
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        kernels.lstm(*args)

@@ -1,0 +1,52 @@
+"""bf16 autocast on the compiled CPU backend: activation memory and accuracy.
+
+Tolerances (stated): under bf16 autocast, outputs and gradients are compared with
+fp32 as max|bf16 - fp32| <= 5% of max|fp32| (bf16 keeps 8 mantissa bits; the cell
+state and accumulations stay fp32), and with the reference backend under the same
+autocast as max|cpp - ref| <= 2% of max|ref| (same roundings, different summation order).
+"""
+import pytest
+import torch
+
+from lightning_rnn.kernels import reference
+from lightning_rnn.utils.memory import SavedTensorsMeter
+
+from kernel_cases import kernels_for, make_args, run_and_grad
+
+SCHEDULE = [6, 6, 5, 4, 4, 2, 1]
+
+
+def _run(module, cell, autocast: bool):
+    args = make_args(cell, SCHEDULE, I=16, H=32, dtype=torch.float32)
+    weights = [a for a in args[3:7] if isinstance(a, torch.Tensor) and a.dim() == 2]
+    fn = module.lstm if cell == "lstm" else module.gru
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), SavedTensorsMeter(exclude=weights) as meter:
+        outs = fn(*args)
+    dtypes = [o.dtype for o in outs]
+    outs, grads = run_and_grad(lambda *a: outs, args)
+    return outs + grads, dtypes, meter.bytes
+
+
+def _rel_err(got, want) -> float:
+    return max(((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-6)).item()
+               for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_bf16_autocast_memory_dtypes_accuracy(cell):
+    cpp = kernels_for("cpp")
+    fp32, fp32_dtypes, fp32_bytes = _run(cpp, cell, autocast=False)
+    bf16, bf16_dtypes, bf16_bytes = _run(cpp, cell, autocast=True)
+    ref, ref_dtypes, ref_bytes = _run(reference, cell, autocast=True)
+    assert bf16_bytes <= 0.65 * fp32_bytes
+    assert bf16_bytes <= ref_bytes
+    assert bf16_dtypes == ref_dtypes  # out, h_n in bf16; c_n in fp32
+    assert bf16_dtypes[0] == torch.bfloat16 and all(d == torch.float32 for d in fp32_dtypes)
+    assert _rel_err(bf16, fp32) <= 0.05
+    assert _rel_err(bf16, ref) <= 0.02
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_fp32_saves_no_more_than_reference(cell):
+    cpp = kernels_for("cpp")
+    assert _run(cpp, cell, autocast=False)[2] <= _run(reference, cell, autocast=False)[2]
