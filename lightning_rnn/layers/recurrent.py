@@ -14,14 +14,17 @@ is needed and a torch.nn state dict loads as is.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import dispatch
+from ..kernels.precision import Precision
+from . import checkpointing
 from .sequence import SequenceBatch
 
 
@@ -58,6 +61,7 @@ class FusedRNNBase(nn.Module):
         bidirectional: bool = False,
         *,
         backend: str = "auto",
+        checkpoint_chunk_size: int | str | None = None,
         device=None,
         dtype=None,
     ):
@@ -70,6 +74,9 @@ class FusedRNNBase(nn.Module):
         self.dropout = float(dropout)
         self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
         self.backend = dispatch.check_backend_name(backend)
+        # Gradient checkpointing over time (None = off, an int, or "sqrt" = ceil(sqrt(T)) per
+        # call); a plain attribute so callbacks can switch it. See layers/checkpointing.py.
+        self.checkpoint_chunk_size = checkpointing.check_chunk_size(checkpoint_chunk_size)
         factory = {"device": device, "dtype": dtype}
         G, H = self.cell.num_gates, hidden_size
         for layer in range(num_layers):
@@ -154,6 +161,11 @@ class FusedRNNBase(nn.Module):
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
         backend = dispatch.resolve(self.backend, batch.data.device)
         if backend == "torch":
+            if self.checkpoint_chunk_size is not None:
+                warnings.warn(
+                    "checkpoint_chunk_size is ignored with backend='torch' (torch.nn keeps its own activations)",
+                    RuntimeWarning,
+                )
             out, final = self._run_torch(batch, states)
         else:
             out, final = self._run_kernels(dispatch.kernels(backend), batch, states)
@@ -162,20 +174,73 @@ class FusedRNNBase(nn.Module):
 
     def _run_kernels(self, kernels, batch: SequenceBatch, states: list[torch.Tensor]):
         run_cell = getattr(kernels, self.cell.name)
+        chunk = self._checkpoint_chunk_length(batch, states)
+        if chunk is not None and self.num_directions == 1:
+            return self._run_stack_in_chunks(run_cell, batch, states, chunk)
         x, D = batch.data, self.num_directions
         finals: list[list[torch.Tensor]] = [[] for _ in states]
         for layer in range(self.num_layers):
             outs = []
             for d in range(D):
-                init = [s[layer * D + d] for s in states]
-                out, *final = run_cell(x, batch.batch_sizes, *init, *self.layer_weights(layer, d), d == 1)
+                init, weights = [s[layer * D + d] for s in states], self.layer_weights(layer, d)
+                if chunk is None:
+                    out, *final = run_cell(x, batch.batch_sizes, *init, *weights, d == 1)
+                else:  # bidirectional: each layer-direction is chunked on its own
+                    span = partial(self._run_span, run_cell, d == 1)
+                    out, final = checkpointing.run_chunked(span, x, batch.batch_sizes, init, weights, [], chunk, d == 1)
                 outs.append(out)
                 for acc, s in zip(finals, final):
                     acc.append(s)
             x = outs[0] if D == 1 else torch.cat(outs, dim=1)  # (N, D*H)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                x = F.dropout(x, self.dropout, training=True)
+            if self._dropout_active(layer):
+                x = _dropout(x, _dropout_keep(x.shape, x.dtype, x.device, self.dropout), self.dropout)
         return x, [torch.stack(f) for f in finals]
+
+    # ----- gradient checkpointing ---------------------------------------------------
+    def _checkpoint_chunk_length(self, batch: SequenceBatch, states: list[torch.Tensor]) -> int | None:
+        """Steps per checkpointed chunk, or None when off or when no gradient is needed."""
+        chunk = checkpointing.chunk_length(self.checkpoint_chunk_size, len(batch.batch_sizes))
+        if chunk is None or not torch.is_grad_enabled():
+            return None
+        tensors = [batch.data, *states, *self.parameters()]
+        return chunk if any(t.requires_grad for t in tensors) else None
+
+    def _run_stack_in_chunks(self, run_cell, batch: SequenceBatch, states: list[torch.Tensor], chunk: int):
+        """A unidirectional stack with ALL layers inside each chunk of steps.
+
+        Only the network input, the dropout masks (bool) and every layer's states at chunk
+        boundaries are saved; layer outputs are recomputed too. The masks are drawn up front,
+        in the order the plain path draws them, so results match it exactly.
+        """
+        L, S = self.num_layers, self.cell.num_states
+        x = batch.data
+        init = [s[layer] for layer in range(L) for s in states]
+        weights = [w for layer in range(L) for w in self.layer_weights(layer, 0)]
+        out_dtype = Precision.for_call(x, self.weight_ih_l0).compute  # what the layers output
+        shape = (x.shape[0], self.hidden_size)  # (N, H)
+        active = [k for k in range(L - 1) if self._dropout_active(k)]
+        masks = [_dropout_keep(shape, out_dtype, x.device, self.dropout) for _ in active]
+        span = partial(self._run_span, run_cell, False)
+        out, final = checkpointing.run_chunked(span, x, batch.batch_sizes, init, weights, masks, chunk, False)
+        return out, [torch.stack(final[s::S]) for s in range(S)]
+
+    def _run_span(self, run_cell, reverse: bool, x, batch_sizes, masks, states, weights) -> tuple:
+        """Consecutive layers of one direction over a range of steps: ``(out, *final_states)``.
+
+        states: ``num_states`` (b, H) tensors per layer; weights: 4 per layer (as layer_weights);
+        masks: the dropout keep-masks between the layers (empty when dropout is off).
+        """
+        S, finals = self.cell.num_states, []
+        for k in range(len(weights) // 4):
+            if k and masks:
+                x = _dropout(x, masks[k - 1], self.dropout)
+            x, *final = run_cell(x, batch_sizes, *states[k * S : (k + 1) * S], *weights[4 * k : 4 * k + 4], reverse)
+            finals.extend(final)
+        return (x, *finals)
+
+    def _dropout_active(self, layer: int) -> bool:
+        """Inter-layer dropout after ``layer``: outputs of all layers but the last, training only."""
+        return bool(self.dropout) and self.training and layer < self.num_layers - 1
 
     def _run_torch(self, batch: SequenceBatch, states: list[torch.Tensor]):
         fn = getattr(torch._VF, self.cell.name)
@@ -233,7 +298,21 @@ class FusedRNNBase(nn.Module):
         s = f"{self.input_size}, {self.hidden_size}"
         defaults = dict(num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False)
         s += "".join(f", {k}={v}" for k, v in self._config().items() if k in defaults and v != defaults[k])
-        return s + (f", backend={self.backend!r}" if self.backend != "auto" else "")
+        s += f", backend={self.backend!r}" if self.backend != "auto" else ""
+        if self.checkpoint_chunk_size is not None:
+            s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"
+        return s
+
+
+def _dropout_keep(shape, dtype: torch.dtype, device: torch.device, p: float) -> torch.Tensor:
+    """Bool keep-mask, drawn as F.dropout draws its noise on CPU (the same RNG stream)."""
+    return torch.empty(shape, dtype=dtype, device=device).bernoulli_(1 - p).bool()
+
+
+def _dropout(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout with a given keep-mask; the same values as F.dropout on CPU."""
+    noise = keep.to(x.dtype)
+    return x * (noise.div_(1 - p) if p < 1 else noise)
 
 
 def _describe(value) -> str:

@@ -1,0 +1,19 @@
+"""Lightning callbacks for recurrent models: memory, precision, variable lengths, monitoring.
+
+Each works with any Trainer and any LightningModule containing fused layers
+(:class:`~lightning_rnn.layers.FusedLSTM` / :class:`~lightning_rnn.layers.FusedGRU`).
+"""
+from .gpu_memory import GPUMemoryLogger
+from .gradient_checkpointing import GradientCheckpointing
+from .length_bucketing import LengthBucketBatchSampler
+from .mixed_precision import MixedPrecision, RNNMixedPrecision
+from .packed_sequences import PackedSequences
+
+__all__ = [
+    "GPUMemoryLogger",
+    "GradientCheckpointing",
+    "LengthBucketBatchSampler",
+    "MixedPrecision",
+    "PackedSequences",
+    "RNNMixedPrecision",
+]

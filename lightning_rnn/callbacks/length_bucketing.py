@@ -1,0 +1,70 @@
+"""A batch sampler that puts sequences of similar length in the same batch."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import BatchSampler, Sampler
+
+
+class LengthBucketBatchSampler(BatchSampler):
+    """Batches of similar lengths, in shuffled order.
+
+    Each epoch the indices come from ``sampler`` (shuffled, and sharded under DDP:
+    Lightning re-creates this class around its DistributedSampler), are cut into
+    buckets of ``bucket_size`` indices, each bucket is sorted by length (longest
+    first) and cut into batches of ``batch_size``, and all batches are shuffled.
+    Larger buckets give less padding and less randomness in batch composition.
+
+    Args:
+        sampler: the index sampler, e.g. ``RandomSampler(dataset)``.
+        batch_size: sequences per batch.
+        drop_last: drop the one smaller batch of the epoch (what the buckets leave over).
+        lengths: length of every sequence of the dataset, indexed like it.
+        bucket_size: indices sorted together; default 50 batches.
+        shuffle: shuffle the order of the batches (the training default).
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler[int] | Sequence[int],
+        batch_size: int,
+        drop_last: bool,
+        lengths: Sequence[int] | torch.Tensor,
+        bucket_size: int | None = None,
+        shuffle: bool = True,
+    ):
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = torch.as_tensor(lengths, dtype=torch.long)
+        if bucket_size is None:
+            bucket_size = 50 * batch_size
+        if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < batch_size:
+            raise ValueError(f"bucket_size: expected None or an int >= batch_size ({batch_size}), got {bucket_size!r}")
+        self.bucket_size, self.shuffle = bucket_size, shuffle
+
+    def _longest_first(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices[torch.sort(self.lengths[indices], descending=True, stable=True).indices]
+
+    def _batches(self) -> list[torch.Tensor]:
+        full, leftover = [], []
+        for bucket in torch.as_tensor(list(self.sampler), dtype=torch.long).split(self.bucket_size):
+            bucket = self._longest_first(bucket)
+            cut = len(bucket) - len(bucket) % self.batch_size
+            full.extend(bucket[:cut].split(self.batch_size) if cut else ())
+            leftover.append(bucket[cut:])
+        rest = torch.cat(leftover) if leftover else torch.empty(0, dtype=torch.long)
+        tail = [b for b in self._longest_first(rest).split(self.batch_size) if len(b)]
+        if tail and self.drop_last and len(tail[-1]) < self.batch_size:
+            tail.pop()
+        batches = full + tail
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches)).tolist()]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._batches():
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

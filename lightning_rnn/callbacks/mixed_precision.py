@@ -1,0 +1,116 @@
+"""MixedPrecision: RNN-aware autocast with dynamic loss scaling for fp16.
+
+Design. Lightning runs ``training_step`` / ``validation_step`` / ``test_step`` /
+``predict_step`` inside its precision plugin's ``forward_context()``, and routes
+``backward`` (``manual_backward`` too) and ``optimizer.step()`` through the plugin. So the
+Lightning-native way to hook autocast is a precision plugin: :class:`RNNMixedPrecision`
+is Lightning's own ``MixedPrecision`` plugin (autocast + ``torch.amp.GradScaler`` for
+fp16) plus bookkeeping of the loss scale and of skipped steps. The callback installs it
+in ``setup`` — before the strategy sets up the model and optimizers — and puts the
+original plugin back in ``teardown``.
+
+Composition with ``Trainer(precision=...)``:
+- ``"32-true"`` (the default): the callback's plugin replaces the plain one;
+- the matching mixed setting (``"bf16-mixed"`` for bf16, ``"16-mixed"`` for fp16): the
+  Trainer's plugin is replaced by ours *with its scaler*, so there is exactly one
+  autocast and one scaler;
+- anything else (the other dtype, ``"64-true"``, ``"bf16-true"``, ...): ValueError.
+
+RNN-aware: under autocast the fused layers run their GEMMs in bf16/fp16, keep the cell
+state and accumulations in fp32 and save the gates in the low precision
+(:mod:`lightning_rnn.kernels.precision`); nothing else needs to change for them.
+
+Logged (fp16, every training step): ``precision/loss_scale`` and
+``precision/skipped_steps`` (optimizer steps skipped because of inf/NaN gradients).
+"""
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
+from lightning.pytorch.plugins.precision import Precision
+
+# dtype name -> (torch dtype, Lightning's precision string)
+DTYPES = {"bf16": (torch.bfloat16, "bf16-mixed"), "fp16": (torch.float16, "16-mixed")}
+
+
+class RNNMixedPrecision(LightningMixedPrecision):
+    """Lightning's autocast plugin that also counts the steps the GradScaler skipped."""
+
+    def __init__(self, precision: str, device: str, scaler: torch.amp.GradScaler | None = None):
+        super().__init__(precision, device, scaler)
+        self.skipped_steps = 0
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        if self.scaler is None:
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+        scale = self.scaler.get_scale()
+        result = super().optimizer_step(optimizer, model, closure, **kwargs)
+        # GradScaler.update() lowers the scale exactly when the step found inf/NaN and was skipped.
+        if self.scaler.get_scale() < scale:
+            self.skipped_steps += 1
+        return result
+
+    @property
+    def loss_scale(self) -> float | None:
+        return None if self.scaler is None else self.scaler.get_scale()
+
+
+class MixedPrecision(Callback):
+    """Train under autocast in ``dtype``; fp16 gets dynamic loss scaling.
+
+    Args:
+        dtype: ``"bf16"`` (CPU and CUDA) or ``"fp16"`` (CUDA; GradScaler).
+        init_scale: fp16's initial loss scale.
+        growth_interval: fp16: steps without inf/NaN before the scale doubles.
+    """
+
+    def __init__(self, dtype: str = "bf16", init_scale: float = 2.0**16, growth_interval: int = 2000):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        if not init_scale > 0:
+            raise ValueError(f"init_scale: expected a number > 0, got {init_scale!r}")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"growth_interval: expected an int >= 1, got {growth_interval!r}")
+        self.dtype = dtype
+        self.torch_dtype, self.lightning_precision = DTYPES[dtype]
+        self.init_scale, self.growth_interval = init_scale, growth_interval
+        self._original: Precision | None = None
+        self.plugin: RNNMixedPrecision | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        current = trainer.strategy.precision_plugin
+        if isinstance(current, RNNMixedPrecision) and current is self.plugin:
+            return
+        device = trainer.strategy.root_device.type
+        if isinstance(current, LightningMixedPrecision):
+            if current.precision != self.lightning_precision:
+                raise ValueError(self._disagreement(current.precision))
+            scaler = current.scaler  # compose: keep the Trainer's scaler, one autocast
+        elif type(current) is Precision:  # precision="32-true"
+            scaler = None
+            if self.dtype == "fp16":
+                scaler = torch.amp.GradScaler(device, init_scale=self.init_scale, growth_interval=self.growth_interval)
+        else:
+            raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__)))
+        self._original = current
+        self.plugin = RNNMixedPrecision(self.lightning_precision, device, scaler)
+        trainer.strategy.precision_plugin = self.plugin
+
+    def _disagreement(self, precision: str) -> str:
+        return (
+            f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}); "
+            f"use Trainer(precision='32-true') or precision={self.lightning_precision!r}, "
+            f"or drop one of the two"
+        )
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if self.plugin is None or self.plugin.scaler is None:
+            return
+        pl_module.log("precision/loss_scale", self.plugin.loss_scale, batch_size=1)
+        pl_module.log("precision/skipped_steps", float(self.plugin.skipped_steps), batch_size=1)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._original is not None and trainer.strategy.precision_plugin is self.plugin:
+            trainer.strategy.precision_plugin = self._original
+        self._original, self.plugin = None, None

@@ -1,0 +1,162 @@
+"""PackedSequences: variable-length training without paying for padding.
+
+Batch convention: a dict with ``inputs`` — padded, batch-first ``(B, T, ...)`` — and
+``lengths`` ``(B,)`` (int), plus anything else (``targets`` ...). This is what
+:mod:`lightning_rnn.data` collates and what :class:`~lightning_rnn.modules.RNNModule`
+consumes. The callback
+
+1. installs a :class:`LengthBucketBatchSampler` on the train dataloader (batches of
+   similar lengths, shuffled buckets), so little padding is loaded and the fused layers
+   run few steps per batch;
+2. replaces ``batch["inputs"]`` (and any other ``pack_keys``) with a ``PackedSequence``
+   before every train/val/test step (``lengths`` stays in the batch), which the fused
+   layers consume directly, computing only the real tokens;
+3. tells Lightning the batch size is ``len(lengths)`` (Lightning would otherwise infer the
+   number of packed rows from the PackedSequence);
+4. logs ``packed/padding_efficiency`` (real / padded tokens of the loaded batch) and
+   ``packed/tokens_per_sec`` (real tokens per second of wall time between training steps).
+
+The train dataloader must be a ``torch.utils.data.DataLoader`` with a ``batch_size`` over a
+map-style dataset; sequence lengths come from ``dataset.lengths`` if it has one, else from
+``len(dataset[i][inputs_key])`` (one pass over the dataset at setup). Under DDP, Lightning
+re-creates the batch sampler around its DistributedSampler when the dataloader comes from a
+``train_dataloader()`` hook (a DataModule or the LightningModule).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.utils.data import DataLoader
+
+from .length_bucketing import LengthBucketBatchSampler
+
+
+def dataset_lengths(dataset, key: str) -> torch.Tensor:
+    """(len(dataset),) sequence lengths: ``dataset.lengths`` or ``len(dataset[i][key])``."""
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        lengths = [len(dataset[i][key]) for i in range(len(dataset))]
+    return torch.as_tensor(lengths, dtype=torch.long)
+
+
+class PackedSequences(Callback):
+    """Length bucketing on the train dataloader and packed inputs for every step.
+
+    Args:
+        bucket_size: sequences sorted by length together (see LengthBucketBatchSampler);
+            None: 50 batches' worth.
+        bucketing: install the bucketing batch sampler on the train dataloader (False: only
+            pack the batches, keep the dataloader as it is).
+        shuffle: shuffle the order of the bucketed batches.
+        inputs_key: key of the padded inputs in the batch dict.
+        lengths_key: key of the lengths.
+        pack_keys: keys packed into PackedSequences (default: ``inputs_key`` only).
+    """
+
+    def __init__(
+        self,
+        bucket_size: int | None = None,
+        bucketing: bool = True,
+        shuffle: bool = True,
+        inputs_key: str = "inputs",
+        lengths_key: str = "lengths",
+        pack_keys: list[str] | tuple[str, ...] | None = None,
+    ):
+        if bucket_size is not None and (
+            isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1
+        ):
+            raise ValueError(f"bucket_size: expected None or an int >= 1, got {bucket_size!r}")
+        self.bucket_size, self.bucketing, self.shuffle = bucket_size, bool(bucketing), bool(shuffle)
+        self.inputs_key, self.lengths_key = inputs_key, lengths_key
+        self.pack_keys = tuple(pack_keys) if pack_keys is not None else (inputs_key,)
+        self._restore = None
+        self._last_time: float | None = None
+
+    # ----- train dataloader ---------------------------------------------------------
+    def bucketed(self, loader: DataLoader) -> DataLoader:
+        """A copy of ``loader`` that draws its batches from a LengthBucketBatchSampler."""
+        if not isinstance(loader, DataLoader) or loader.batch_size is None:
+            raise TypeError(
+                "PackedSequences: the train dataloader must be a torch DataLoader with a batch_size "
+                f"(bucketing replaces its batch sampler), got {type(loader).__name__}"
+            )
+        batch_size = loader.batch_size
+        if self.bucket_size is not None and self.bucket_size < batch_size:
+            raise ValueError(f"bucket_size: expected at least the batch size ({batch_size}), got {self.bucket_size}")
+        sampler = LengthBucketBatchSampler(
+            loader.sampler, batch_size, loader.drop_last,
+            lengths=dataset_lengths(loader.dataset, self.inputs_key),
+            bucket_size=self.bucket_size,
+            shuffle=self.shuffle,
+        )
+        return DataLoader(
+            loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+        )
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or not self.bucketing or self._restore is not None:
+            return
+        # Lightning asks this source for the train dataloader after the setup hooks.
+        source = trainer.fit_loop._data_source
+        if source.is_module():
+            owner = source.instance
+            original = getattr(owner, source.name)
+            setattr(owner, source.name, lambda: self.bucketed(original()))
+            self._restore = lambda: delattr(owner, source.name)
+        else:
+            loader = source.instance
+            source.instance = self.bucketed(loader)
+            self._restore = lambda: setattr(source, "instance", loader)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._restore is not None:
+            self._restore()
+            self._restore = None
+
+    # ----- batches ------------------------------------------------------------------
+    def pack(self, trainer: Trainer, batch: dict) -> tuple[int, int]:
+        """Pack ``batch``'s ``pack_keys`` in place; returns (real tokens, padded tokens)."""
+        if not isinstance(batch, dict) or self.lengths_key not in batch:
+            raise TypeError(
+                f"PackedSequences: expected dict batches with {self.inputs_key!r} (B, T, ...) and "
+                f"{self.lengths_key!r} (B,), got {type(batch).__name__}"
+                + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
+            )
+        lengths, inputs = batch[self.lengths_key], batch[self.inputs_key]
+        real = int(lengths.sum())
+        padded = real if isinstance(inputs, PackedSequence) else len(lengths) * inputs.shape[1]
+        for key in self.pack_keys:
+            if not isinstance(batch[key], PackedSequence):
+                batch[key] = pack_padded_sequence(batch[key], lengths.cpu(), batch_first=True, enforce_sorted=False)
+        results = trainer._results  # the batch size Lightning uses for self.log(...) without batch_size
+        if results is not None:
+            results.batch_size = len(lengths)
+        return real, padded
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if self._last_time is None:
+            self._last_time = time.perf_counter()
+        self._tokens = self.pack(trainer, batch)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        real, padded = self._tokens
+        B = len(batch[self.lengths_key])
+        pl_module.log("packed/padding_efficiency", real / max(padded, 1), batch_size=B)
+        pl_module.log("packed/tokens_per_sec", real / max(now - self._last_time, 1e-9), batch_size=B)
+        self._last_time = now
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_time = None
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.pack(trainer, batch)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.pack(trainer, batch)

@@ -1,0 +1,132 @@
+"""Gradient checkpointing over time for the fused recurrent layers.
+
+With ``checkpoint_chunk_size = k`` a recurrence is cut into chunks of ``k`` consecutive
+steps. Each chunk runs inside :class:`RecomputedChunk`, an autograd Function whose
+forward builds no graph and saves only its inputs — views of the chunk's packed input
+rows, the states at the chunk's first step (and dropout masks) — and whose backward runs
+the chunk again with grad enabled and backpropagates through it, one chunk at a time.
+
+Saved for backward: the input plus ``ceil(T / k)`` boundary states per layer; during
+backward one chunk's activations live at a time. ``k = ceil(sqrt(T))`` ("sqrt") makes
+both O(sqrt(T)) (besides the input itself).
+
+Why not ``torch.utils.checkpoint``: its non-reentrant mode keeps the chunk inputs alive
+outside ``ctx.save_for_backward``, invisible to ``saved_tensors_hooks`` (so to
+:class:`~lightning_rnn.utils.memory.SavedTensorsMeter`), and it would have to replay the
+RNG for dropout. Here everything kept goes through ``save_for_backward`` and dropout
+masks are drawn before the chunks run and passed in, so results are identical to the
+un-checkpointed layer (gradients up to float summation order).
+
+Packed layout (see :mod:`lightning_rnn.kernels.steps`): a chunk is a range of steps
+``[t0, t1)``, i.e. the rows ``offsets[t0] : offsets[t1]`` with ``batch_sizes[t0:t1]``.
+Its initial state is the carried ``(B, H)`` state sliced to ``batch_sizes[t0]`` rows;
+a reverse direction visits the chunks last to first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+
+from ..kernels.steps import Steps
+
+# span(x_rows, batch_sizes, masks_rows, start_states, weights) -> (out_rows, *final_states)
+Span = Callable[..., tuple]
+
+
+def check_chunk_size(value, name: str = "checkpoint_chunk_size"):
+    """None (off), "sqrt" or an int >= 1; anything else is a ValueError naming ``name``."""
+    if value is None or value == "sqrt":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected None, 'sqrt' or an int >= 1, got {value!r}")
+    return value
+
+
+def chunk_length(chunk_size, num_steps: int) -> int | None:
+    """Steps per chunk for a sequence of ``num_steps`` steps (None: checkpointing off)."""
+    check_chunk_size(chunk_size)
+    if chunk_size is None:
+        return None
+    return math.ceil(math.sqrt(num_steps)) if chunk_size == "sqrt" else chunk_size
+
+
+@dataclass(frozen=True)
+class Chunk:
+    steps: slice  # time steps [t0, t1)
+    rows: slice  # their packed rows
+    batch: int  # rows active at the chunk's first step (the widest)
+
+
+def split_steps(steps: Steps, length: int) -> list[Chunk]:
+    """Chunks of ``length`` steps in the order the recurrence visits them."""
+    T, ends = len(steps.batch_sizes), steps.offsets + (steps.num_rows,)
+    chunks = [
+        Chunk(slice(t0, min(t0 + length, T)), slice(ends[t0], ends[min(t0 + length, T)]), steps.batch_sizes[t0])
+        for t0 in range(0, T, length)
+    ]
+    return chunks[::-1] if steps.reverse else chunks
+
+
+class RecomputedChunk(torch.autograd.Function):
+    """``run(*inputs)`` without a graph; saves ``inputs``, reruns ``run`` in backward."""
+
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        device = next(t.device for t in inputs if t is not None)
+        ctx.run = run
+        ctx.autocast = (device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
+        ctx.save_for_backward(*inputs)
+        return run(*inputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        needs = ctx.needs_input_grad[1:]
+        inputs = [
+            t if t is None else t.detach().requires_grad_(need)
+            for t, need in zip(ctx.saved_tensors, needs)
+        ]
+        device_type, enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            outputs = ctx.run(*inputs)
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
+        wrt = [t for t in inputs if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
+        return (None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
+
+
+def _call_span(span: Span, batch_sizes: torch.Tensor, num_masks: int, num_states: int, x, *rest):
+    masks, states, weights = rest[:num_masks], rest[num_masks : num_masks + num_states], rest[num_masks + num_states :]
+    return tuple(span(x, batch_sizes, masks, states, weights))
+
+
+def run_chunked(
+    span: Span,
+    x: torch.Tensor,
+    batch_sizes: torch.Tensor,
+    init: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor | None],
+    masks: Sequence[torch.Tensor],
+    length: int,
+    reverse: bool,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Run ``span`` over chunks of ``length`` steps, recomputing each in backward.
+
+    x: (N, I) packed rows; init: (B, H) states; masks: (N, F) row-aligned tensors sliced
+    with x; weights: passed whole to every chunk. Returns ``out (N, F)`` and the final
+    (B, H) states, in the order of ``init``.
+    """
+    carried = list(init)
+    outs: list[torch.Tensor] = []
+    for chunk in split_steps(Steps.from_batch_sizes(batch_sizes, reverse), length):
+        b = chunk.batch
+        run = partial(_call_span, span, batch_sizes[chunk.steps], len(masks), len(carried))
+        out, *final = RecomputedChunk.apply(
+            run, x[chunk.rows], *(m[chunk.rows] for m in masks), *(s[:b] for s in carried), *weights
+        )
+        carried = [f if b == s.shape[0] else torch.cat([f, s[b:]]) for f, s in zip(final, carried)]
+        outs.append(out)
+    return torch.cat(outs[::-1] if reverse else outs), carried

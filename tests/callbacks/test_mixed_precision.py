@@ -1,0 +1,85 @@
+"""MixedPrecision: autocast through Lightning's plugin, loss scaling, composition with precision=."""
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lightning_rnn.callbacks import GPUMemoryLogger, MixedPrecision, RNNMixedPrecision
+
+from callback_helpers import TinyClassifier, loader, make_trainer
+
+BF16_LOSS_TOLERANCE = 0.02  # |mean loss bf16 - fp32| over the run, in nats
+
+
+def _fit(callbacks, max_steps=12, **trainer_kwargs):
+    torch.manual_seed(0)
+    model = TinyClassifier(hidden=32)
+    trainer, logger = make_trainer([*callbacks, GPUMemoryLogger(every_n_steps=4)], max_steps=max_steps, **trainer_kwargs)
+    trainer.fit(model, loader(n=48, batch_size=8, min_len=20, max_len=30))
+    return model, trainer, logger
+
+
+def test_bf16_close_to_fp32_with_less_activation_memory():
+    fp32, _, fp32_log = _fit([])
+    bf16, trainer, bf16_log = _fit([MixedPrecision("bf16")])
+    assert all(s["autocast"] == torch.bfloat16 and s["logits_dtype"] == torch.bfloat16 for s in bf16.seen)
+    assert all(s["autocast"] is False for s in fp32.seen)
+    assert type(trainer.strategy.precision_plugin).__name__ == "Precision"  # restored after fit
+    loss32, loss16 = torch.tensor(fp32_log.values("train/loss")), torch.tensor(bf16_log.values("train/loss"))
+    assert (loss16.mean() - loss32.mean()).abs() <= BF16_LOSS_TOLERANCE
+    act32, act16 = fp32_log.values("memory/activation_mb"), bf16_log.values("memory/activation_mb")
+    assert len(act16) == 3 and all(a <= 0.65 * b for a, b in zip(act16, act32))
+    assert "precision/loss_scale" not in bf16_log.history  # bf16 needs no scaler
+
+
+def test_composes_with_the_matching_trainer_precision():
+    callback = MixedPrecision("bf16")
+    model, trainer, _ = _fit([callback], max_steps=2, precision="bf16-mixed")
+    assert all(s["autocast"] == torch.bfloat16 for s in model.seen)
+    assert trainer.strategy.precision_plugin.precision == "bf16-mixed"  # Lightning's own plugin back
+
+
+@pytest.mark.parametrize("dtype, precision", [("fp16", "bf16-mixed"), ("bf16", "64-true"), ("bf16", "bf16-true")])
+def test_disagreeing_trainer_precision_is_an_error(dtype, precision):
+    trainer, _ = make_trainer([MixedPrecision(dtype)], max_steps=1, precision=precision)
+    with pytest.raises(ValueError, match=rf"MixedPrecision\(dtype='{dtype}'\) disagrees with Trainer\(precision='{precision}'\)"):
+        trainer.fit(TinyClassifier(), loader(n=8))
+
+
+class InfAtSecondStep(TinyClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if batch_idx == 1:
+            self.before_skip = [p.detach().clone() for p in self.parameters()]
+            return loss * float("inf")
+        if batch_idx == 2:
+            self.after_skip = [p.detach().clone() for p in self.parameters()]
+        return loss
+
+
+def test_fp16_scales_the_loss_and_skips_inf_steps():
+    torch.manual_seed(0)
+    model = InfAtSecondStep()
+    callback = MixedPrecision("fp16", init_scale=1024.0)
+    trainer, logger = make_trainer([callback], max_steps=3)
+    trainer.fit(model, loader(n=24))
+    assert logger.values("precision/loss_scale") == [1024.0, 512.0, 512.0]
+    assert logger.values("precision/skipped_steps") == [0.0, 1.0, 1.0]
+    for p, q in zip(model.before_skip, model.after_skip):  # the inf step changed nothing
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dtype="fp8"), "dtype: expected one of 'bf16', 'fp16', got 'fp8'"),
+    (dict(init_scale=0), "init_scale: expected a number > 0"),
+    (dict(growth_interval=0), "growth_interval: expected an int >= 1"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MixedPrecision(**kwargs)
+
+
+def test_plugin_is_lightnings_mixed_precision():
+    plugin = RNNMixedPrecision("bf16-mixed", "cpu")
+    with plugin.forward_context():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert plugin.loss_scale is None and plugin.skipped_steps == 0

@@ -1,0 +1,77 @@
+"""PackedSequences: bucketed batches, packed inputs, Lightning's batch size, what it logs."""
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import RandomSampler
+
+from lightning_rnn.callbacks import LengthBucketBatchSampler, PackedSequences
+
+from callback_helpers import TinyClassifier, loader, make_trainer
+
+
+def _fit(callbacks, data, max_steps=6):
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    trainer, logger = make_trainer(callbacks, max_steps=max_steps)
+    trainer.fit(model, data)
+    return model, logger
+
+
+def test_bucketed_packed_batches_and_padding_efficiency():
+    model, logger = _fit([PackedSequences(bucket_size=64)], loader(n=64, batch_size=8, min_len=2, max_len=40))
+    assert all(s["packed"] for s in model.seen)
+    spreads = [int(s["lengths"].max() - s["lengths"].min()) for s in model.seen]
+    assert max(spreads) <= 12  # similar lengths in every batch (lengths span 2..40)
+    bucketed = logger.values("packed/padding_efficiency")
+    assert len(bucketed) == 6 and sum(bucketed) / 6 >= 0.8  # the shortest batches pad most
+    assert all(v > 0 for v in logger.values("packed/tokens_per_sec"))
+
+    plain, plain_logger = _fit([PackedSequences(bucketing=False)], loader(n=64, batch_size=8, min_len=2, max_len=40))
+    assert all(s["packed"] for s in plain.seen)
+    assert sum(plain_logger.values("packed/padding_efficiency")) < 0.8 * sum(bucketed)
+
+
+class BatchSizeProbe(TinyClassifier):
+    """Logs without batch_size=..., so Lightning must infer the batch size itself."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("probe", float(len(batch["lengths"])), on_step=False, on_epoch=True)
+        return super().training_step(batch, batch_idx)
+
+
+class Data(LightningDataModule):
+    def train_dataloader(self):
+        return loader(n=20, batch_size=8)  # batches of 8, 8 and 4
+
+
+def test_lightning_sees_the_number_of_sequences_as_batch_size():
+    model = BatchSizeProbe()
+    trainer, logger = make_trainer([PackedSequences()], max_steps=3)
+    trainer.fit(model, datamodule=Data())
+    sizes = [len(s["lengths"]) for s in model.seen]
+    assert sorted(sizes) == [4, 8, 8]
+    # epoch mean weighted by the batch size Lightning used: sum(B * B) / sum(B)
+    assert logger.values("probe") == [pytest.approx(sum(b * b for b in sizes) / sum(sizes))]
+    assert trainer.datamodule.train_dataloader().batch_sampler.__class__.__name__ == "BatchSampler"  # restored
+
+
+def test_sampler_yields_every_index_once_in_length_sorted_batches():
+    lengths = torch.randint(1, 100, (103,))
+    sampler = LengthBucketBatchSampler(RandomSampler(range(103)), batch_size=10, drop_last=False, lengths=lengths, bucket_size=50)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 11
+    assert sorted(i for b in batches for i in b) == list(range(103))
+    assert sum(len(b) < 10 for b in batches) == 1
+    for b in batches:
+        assert lengths[b].tolist() == sorted(lengths[b].tolist(), reverse=True)
+    dropped = LengthBucketBatchSampler(RandomSampler(range(103)), 10, drop_last=True, lengths=lengths, bucket_size=50)
+    assert len(list(dropped)) == len(dropped) == 10
+
+
+def test_bad_arguments_and_batches():
+    with pytest.raises(ValueError, match="bucket_size: expected None or an int >= 1, got 0"):
+        PackedSequences(bucket_size=0)
+    with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= batch_size \(10\), got 5"):
+        LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(20), bucket_size=5)
+    with pytest.raises(TypeError, match="PackedSequences: expected dict batches with 'inputs'"):
+        PackedSequences().pack(None, (torch.zeros(2, 3, 1), torch.tensor([3, 2])))

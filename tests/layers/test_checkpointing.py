@@ -1,0 +1,156 @@
+"""Gradient checkpointing over time in the fused layers: same numbers, far less memory."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from lightning_rnn import FusedGRU, FusedLSTM
+from lightning_rnn.bench.baselines import CellLoop
+from lightning_rnn.kernels.dispatch import available_backends
+from lightning_rnn.kernels.precision import Precision
+from lightning_rnn.layers.checkpointing import chunk_length, split_steps
+from lightning_rnn.kernels.steps import Steps
+from lightning_rnn.utils.memory import saved_tensor_bytes
+
+BACKENDS = available_backends("cpu")
+CELLS = {"lstm": FusedLSTM, "gru": FusedGRU}
+CASES = {
+    "one_layer": dict(),
+    "three_layers": dict(num_layers=3),
+    "three_layers_dropout": dict(num_layers=3, dropout=0.4),
+    "bidirectional_given_state": dict(num_layers=2, bidirectional=True, given_state=True),
+    "packed_given_state": dict(num_layers=3, packed=True, given_state=True),
+    "packed_bidirectional_dropout": dict(num_layers=2, bidirectional=True, packed=True, dropout=0.3),
+    "batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False),
+}
+I, H, T, B = 3, 5, 11, 4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny ops: one intra-op thread is several times faster on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _forward_backward(layer, case, chunk_size, x, hx):
+    layer.checkpoint_chunk_size = chunk_size
+    inp = x
+    if case.get("packed"):
+        inp = pack_padded_sequence(x, torch.tensor([T, 3, 7, 1]), batch_first=layer.batch_first, enforce_sorted=False)
+    torch.manual_seed(1)  # same dropout masks in every run
+    out, state = layer(inp, hx)
+    out = out.data if hasattr(out, "batch_sizes") else out
+    states = state if isinstance(state, tuple) else (state,)
+    g_out = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    loss = (out * g_out).sum() + sum((s * (k + 2)).sum() for k, s in enumerate(states))
+    leaves = [x] + ([*hx] if isinstance(hx, tuple) else [hx] if hx is not None else [])
+    return [out, *states, *torch.autograd.grad(loss, leaves + list(layer.parameters()))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case_name", list(CASES))
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_same_outputs_and_gradients_float64(cell, case_name, backend):
+    case = CASES[case_name]
+    config = {k: case[k] for k in ("num_layers", "bidirectional", "dropout", "batch_first", "bias") if k in case}
+    layer = CELLS[cell](I, H, **config, backend=backend).double().train()
+    x = torch.randn(*((B, T) if layer.batch_first else (T, B)), I, dtype=torch.float64, requires_grad=True)
+    hx = None
+    if case.get("given_state"):
+        shape = (layer.num_layers * layer.num_directions, B, H)
+        states = tuple(torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(layer.cell.num_states))
+        hx = states if cell == "lstm" else states[0]
+    expected = _forward_backward(layer, case, None, x, hx)
+    for chunk_size in (1, "sqrt", T + 5):  # 11 chunks, 3 (4 + 4 + 3 steps), 1
+        got = _forward_backward(layer, case, chunk_size, x, hx)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_chunk_size_validation_and_sqrt():
+    with pytest.raises(ValueError, match="checkpoint_chunk_size: expected None, 'sqrt' or an int >= 1, got 0"):
+        FusedLSTM(2, 3, checkpoint_chunk_size=0)
+    layer = FusedGRU(2, 3, checkpoint_chunk_size="sqrt")
+    assert "checkpoint_chunk_size='sqrt'" in repr(layer)
+    layer.checkpoint_chunk_size = "half"  # a plain attribute: checked when used
+    with pytest.raises(ValueError, match="checkpoint_chunk_size"):
+        layer(torch.randn(4, 1, 2))
+    assert chunk_length("sqrt", 50) == 8 and chunk_length("sqrt", 10_000) == 100 and chunk_length(None, 9) is None
+
+
+def test_chunks_cover_packed_steps_in_visiting_order():
+    steps = Steps.from_batch_sizes(torch.tensor([4, 3, 3, 2, 1]), reverse=True)
+    chunks = split_steps(steps, 2)
+    assert [(c.steps.start, c.steps.stop, c.rows.start, c.rows.stop, c.batch) for c in chunks] == [
+        (4, 5, 12, 13, 1), (2, 4, 7, 12, 3), (0, 2, 0, 7, 4)]
+
+
+def test_no_checkpointing_without_grad():
+    layer = FusedLSTM(3, 8, num_layers=2, checkpoint_chunk_size=2)
+    x = torch.randn(9, 2, 3)
+    with torch.no_grad():
+        out = layer(x)[0]
+    layer.checkpoint_chunk_size = None
+    torch.testing.assert_close(out, layer(x)[0].detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_saves_far_less_than_without(cell):
+    layer = CELLS[cell](16, 32, num_layers=3)
+    x = torch.randn(64, 4, 16, requires_grad=True)
+    plain = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    layer.checkpoint_chunk_size = "sqrt"
+    ckpt = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    # float32: the input (64*4*16), the zero initial state shared by all layers (3*4*32),
+    # and the states at the 7 later chunk boundaries: 3 layers x num_states x (4*32)
+    expected = 4 * (64 * 4 * 16 + 3 * 4 * 32 + 7 * 3 * layer.cell.num_states * 4 * 32)
+    assert ckpt == expected
+    assert ckpt < plain / 6
+
+
+def test_seven_times_less_than_the_naive_cell_loop():
+    """torch-rnn's 7x at a smaller size: 3 layers, H = I = 128, batch 10, T = 50."""
+    layer = FusedLSTM(128, 128, num_layers=3, checkpoint_chunk_size="sqrt")
+    loop = CellLoop.like(layer)
+    x = torch.randn(50, 10, 128, requires_grad=True)
+    ours = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    naive = saved_tensor_bytes(lambda: loop(x), exclude=loop)
+    assert naive >= 7 * ours
+
+
+def test_memory_grows_like_sqrt_T():
+    layer = FusedLSTM(1, 8, num_layers=2, checkpoint_chunk_size="sqrt")
+    saved = {}
+    for T_ in (100, 2500):
+        x = torch.randn(T_, 2, 1, requires_grad=True)
+        saved[T_] = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer) - x.numel() * 4
+    exponent = math.log(saved[2500] / saved[100]) / math.log(25)
+    assert 0.45 <= exponent <= 0.55
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
+    """Backward runs outside autocast; the recomputation must still compute in bf16 like the forward."""
+    seen = []
+    for_call = Precision.for_call.__func__
+
+    def spy(cls, x, weight):
+        precision = for_call(cls, x, weight)
+        seen.append(precision.compute)
+        return precision
+
+    monkeypatch.setattr(Precision, "for_call", classmethod(spy))
+    layer = CELLS[cell](8, 16, num_layers=2, checkpoint_chunk_size=4)
+    x = torch.randn(12, 3, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)[0]
+    assert out.dtype == torch.bfloat16
+    forward_calls = len(seen)
+    out.float().square().sum().backward()
+    assert len(seen) > forward_calls and set(seen) == {torch.bfloat16}
