@@ -1,0 +1,24 @@
+"""``python -m lightning_rnn.bench [--preset NAME] [key=value ...]``.
+
+Loads ``conf/bench/<NAME>.yaml`` (default, smoke, full), applies the overrides (OmegaConf
+dot-list syntax, e.g. ``grid.hidden=[64,128] grid.cells=[lstm] threads=2``) and runs
+:func:`lightning_rnn.bench.main`.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .config import load_preset
+from .harness import main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m lightning_rnn.bench", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--preset", default="default", help="a file stem in conf/bench/ (default: %(default)s)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grid.hidden=[64,128]")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    main(load_preset(args.preset, args.overrides))

@@ -1,0 +1,40 @@
+"""The torch-rnn grid: every (cell, layers, hidden) point, every implementation, fwd+bwd.
+
+Also runs the features section, which is the same kind of run on fewer points with
+``+ckpt`` / ``+bf16`` implementations.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from .config import BenchConfig, GridConfig
+from .measure import Table, measure, point_row, standard_ratios, summarize
+from .subjects import Workload, build_subjects, point_params, runnable
+
+
+def run_grid(
+    section: GridConfig,
+    cfg: BenchConfig,
+    *,
+    name: str = "grid",
+    title: str = "fwd+bwd time and activation memory on the torch-rnn grid",
+    log: Callable[[str], None] = print,
+) -> Table:
+    """Measure every point of ``section``; one row per (cell, layers, hidden)."""
+    implementations, notes = runnable(section.implementations, cfg.device)
+    table = Table(name, title, notes=notes)
+    ratios = standard_ratios(implementations)
+    for cell, layers, hidden in itertools.product(section.cells, section.layers, section.hidden):
+        torch.manual_seed(cfg.seed)
+        workload = Workload(
+            cell, layers, hidden, section.input_size or hidden, section.batch, section.seq_len, device=cfg.device
+        )
+        subjects = build_subjects(workload, implementations, checkpoint_chunk_size=cfg.checkpoint_chunk_size)
+        measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device)
+        table.rows.append(point_row(point_params(workload, subjects), measured, ratios))
+        log(f"[{name}] {cell} layers={layers} hidden={hidden}: " + summarize(table.rows[-1]))
+    return table
+

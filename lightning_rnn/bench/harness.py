@@ -1,0 +1,159 @@
+"""``main(cfg)``: run the enabled sections, print and save their tables, draw the plots.
+
+Sections (each a field of :class:`~lightning_rnn.bench.config.BenchConfig` with an
+``enabled`` flag, each producing one :class:`~lightning_rnn.bench.measure.Table`):
+
+- ``grid``: torch-rnn's grid, ours vs torch.nn vs the naive loop vs GEMM-only;
+- ``varlen``: packed vs padded variable-length batches;
+- ``scaling``: time and memory vs sequence length;
+- ``features``: gradient checkpointing (``ours+ckpt``) and bf16 autocast (``ours+bf16``);
+- ``callbacks``: the callbacks' own studies (checkpointing vs T, PackedSequences epoch).
+
+Adding a section = a config dataclass, a ``run_*`` function returning Tables, and one
+entry in :data:`SECTIONS`. Everything is written to the output directory as soon as
+its section finishes: ``<table>.csv``, ``<table>.md``, PNGs, and ``results.md`` (every
+``<table>.md`` in the directory, so re-running one section keeps the others).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ..kernels.dispatch import available_backends
+from . import report
+from .config import BenchConfig
+from .callback_figures import run_callback_figures
+from .grid import run_grid
+from .measure import Table
+from .scaling import run_scaling
+from .varlen import run_varlen
+
+Log = Callable[[str], None]
+
+SECTIONS: dict[str, Callable[[BenchConfig, Log], list[Table]]] = {
+    "grid": lambda cfg, log: [run_grid(cfg.grid, cfg, log=log)],
+    "varlen": lambda cfg, log: [run_varlen(cfg.varlen, cfg, log=log)],
+    "scaling": lambda cfg, log: [run_scaling(cfg.scaling, cfg, log=log)],
+    "features": lambda cfg, log: [
+        run_grid(cfg.features, cfg, name="features", title="training features: checkpointing and bf16", log=log)
+    ],
+    "callbacks": lambda cfg, log: run_callback_figures(cfg.callbacks, log=log),
+}
+
+TABLE_ORDER = ("grid", "varlen", "scaling", "features", "checkpoint_scaling", "packed_epoch")
+
+
+@dataclass
+class BenchResult:
+    """What :func:`main` returns: the output directory, the tables, the files written."""
+
+    out_dir: Path
+    threads: int
+    tables: dict[str, Table] = field(default_factory=dict)  # by table name
+    files: list[Path] = field(default_factory=list)
+
+
+def main(cfg: BenchConfig | Mapping | None = None, log: Log | None = None) -> BenchResult:
+    """Run the benchmark described by ``cfg``.
+
+    cfg: a BenchConfig, the ``bench`` DictConfig, or the whole Hydra config of
+    ``python -m lightning_rnn task=benchmark`` (its ``bench`` node is used; defaults if it
+    has none). See ``conf/bench/default.yaml`` for every key.
+    """
+    cfg = BenchConfig.from_any(bench_node(cfg))
+    log = log or (lambda line: print(line, flush=True))
+    out_dir = output_dir(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    threads = cfg.threads or len(os.sched_getaffinity(0))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    result = BenchResult(out_dir, threads)
+    header = environment(cfg, threads)
+    for line in header:
+        log(line)
+    try:
+        for name, run in SECTIONS.items():
+            if not getattr(cfg, name).enabled:
+                continue
+            for table in run(cfg, log):
+                result.tables[table.name] = table
+                report.print_table(table, cfg.table)
+                result.files.append(report.write_csv(table, out_dir))
+                result.files.append(report.write_markdown(table, out_dir, header))
+                if cfg.plots:
+                    result.files += _plots(table, out_dir)
+                report.write_results(out_dir, TABLE_ORDER)
+        result.files.append(out_dir / "results.md")
+    finally:
+        torch.set_num_threads(previous_threads)
+    log(f"results in {out_dir}")
+    return result
+
+
+def bench_node(cfg):
+    """The benchmark's own node of whatever ``cfg`` is (see :func:`main`)."""
+    if isinstance(cfg, Mapping) and "bench" in cfg:
+        return cfg["bench"]
+    if isinstance(cfg, Mapping) and "task" in cfg:  # the app config without a bench group: defaults
+        return None
+    return cfg
+
+
+def output_dir(configured: str | os.PathLike | None) -> Path:
+    """``configured``, else ``<Hydra run dir>/bench`` inside a Hydra run, else ``./bench_results``."""
+    if configured is not None:
+        return Path(configured)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.output_dir) / "bench"
+    except ImportError:
+        pass
+    return Path("bench_results")
+
+
+def environment(cfg: BenchConfig, threads: int) -> list[str]:
+    """Lines describing the run: when, where, with what."""
+    lines = [
+        f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"torch {torch.__version__}, python {sys.version.split()[0]}, {platform.machine()}",
+        f"device: {cfg.device} ({_device_name(cfg.device)}), torch threads: {threads}",
+        f"kernel backends available: {', '.join(available_backends(cfg.device))}",
+        f"oneDNN (mkldnn) enabled: {torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled} "
+        "(if so, torch.nn's CPU LSTM/GRU run oneDNN's fused RNN with pre-packed weights, which can beat "
+        "'gemm', the same GEMMs through torch.mm)",
+        f"timing: median of {cfg.rounds} interleaved rounds after {cfg.warmup} warm-up rounds "
+        "(scaling: its own rounds); memory: bytes saved for backward by one forward",
+    ]
+    return lines
+
+
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _plots(table: Table, out_dir: Path) -> list[Path]:
+    from . import plots  # matplotlib only when plotting
+
+    if table.name == "grid":
+        return plots.plot_grid(table, out_dir)
+    if table.name == "scaling":
+        return [plots.plot_scaling(table, out_dir)]
+    return []

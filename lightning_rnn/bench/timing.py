@@ -1,0 +1,74 @@
+"""Interleaved timing of several implementations in one process.
+
+These CPUs are shared and noisy, so absolute times mean little; what is reproducible is
+the ratio of two implementations timed side by side. :func:`interleave` runs warm-up
+rounds, then timed rounds in which every implementation runs once, in an order that
+rotates from round to round (so no implementation always follows the same neighbour),
+and keeps every sample. Medians and ratios of medians are what the reports use.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds per call of each implementation, one sample per timed round."""
+
+    samples: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        """Median seconds per call of ``name``."""
+        return statistics.median(self.samples[name])
+
+    def ratio(self, name: str, baseline: str) -> float:
+        """median(name) / median(baseline): below 1 means ``name`` is faster."""
+        return self.median(name) / self.median(baseline)
+
+    def medians(self) -> dict[str, float]:
+        return {name: self.median(name) for name in self.samples}
+
+
+def interleave(
+    fns: Mapping[str, Callable[[], object]],
+    rounds: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> Timings:
+    """Time each callable ``rounds`` times, interleaved, after ``warmup`` untimed rounds.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before and after every timed
+    call, so asynchronous devices are timed to completion.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
+    if warmup < 0:
+        raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
+    names = list(fns)
+    if not names:
+        raise ValueError("fns: expected at least one callable to time")
+    sync = sync or (lambda: None)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside one timed call would bill it to that implementation
+    try:
+        for r in range(rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                sync()
+                start = time.perf_counter()
+                fns[name]()
+                sync()
+                samples[name].append(time.perf_counter() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Timings(samples)

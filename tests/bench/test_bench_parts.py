@@ -1,0 +1,101 @@
+"""The benchmark's parts: interleaved timing, the GEMM-only lower bound, variable lengths."""
+import pytest
+import torch
+
+from lightning_rnn.bench.gemm_only import GemmOnly, gemm_flops_formula
+from lightning_rnn.bench.measure import Measured, Ratio, standard_ratios
+from lightning_rnn.bench.timing import interleave
+from lightning_rnn.bench.varlen import lengths_with_fill
+
+
+def test_interleave_rotates_the_order_and_keeps_every_sample():
+    calls = []
+    fns = {name: (lambda n=name: calls.append(n)) for name in "abc"}
+    timings = interleave(fns, rounds=3, warmup=1)
+    assert calls[:3] == ["a", "b", "c"]  # warm-up
+    rounds = [calls[3 + 3 * r : 6 + 3 * r] for r in range(3)]
+    assert [r[0] for r in rounds] == ["a", "b", "c"]  # each round starts one further on
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert all(len(s) == 3 and min(s) >= 0 for s in timings.samples.values())
+    assert timings.ratio("a", "a") == 1.0
+
+
+@pytest.mark.parametrize("cell, gates", [("lstm", 4), ("gru", 3)])
+@pytest.mark.parametrize("batch_sizes", [[3] * 4, [3, 3, 2, 1]])
+def test_gemm_only_does_exactly_the_layer_gemms(cell, gates, batch_sizes):
+    I, H, L = 5, 6, 2
+    plan = GemmOnly(cell, I, H, L, batch_sizes)
+    N, T = sum(batch_sizes), len(batch_sizes)
+    # per layer: input projection, T recurrent, T recurrent dh, dX, dW_ih, dW_hh
+    assert len(plan.gemms) == L * (2 * T + 4)
+    assert plan.flops == gemm_flops_formula(cell, I, H, L, N)
+    by_hand = sum(6 * N * gates * H * ((I if layer == 0 else H) + H) for layer in range(L))
+    assert plan.flops == by_hand
+    shapes = {g.name: (g.m, g.k, g.n) for g in plan.gemms}
+    assert shapes["layer0 x@W_ih^T"] == (N, I, gates * H)
+    assert shapes["layer1 dW_hh"] == (gates * H, N, H)
+    assert shapes[f"layer0 t{T - 1} h@W_hh^T"] == (batch_sizes[-1], H, gates * H)
+
+
+def test_gemm_only_writes_its_products():
+    plan = GemmOnly("lstm", 4, 4, 1, [2, 2])
+    gemm, a, b, out = plan._ops[-1]  # dW_hh: its own output buffer, nothing writes its operands later
+    assert gemm.name == "layer0 dW_hh"
+    out.zero_()
+    plan.run()
+    torch.testing.assert_close(out, a @ b)
+
+
+@pytest.mark.parametrize("fill", [0.3, 0.55, 0.9, 1.0])
+def test_variable_lengths_have_the_asked_fill(fill):
+    lengths = lengths_with_fill(50, 50, fill)
+    assert len(lengths) == 50 and max(lengths) == 50 and min(lengths) >= 1
+    assert abs(sum(lengths) / 2500 - fill) < 0.03
+
+
+def test_ratios_compare_ours_with_each_baseline_and_modifiers_with_their_plain_self():
+    cols = [r.column for r in standard_ratios(["ours", "ours+ckpt", "torch", "naive", "gemm"])]
+    assert {"time_ours/torch", "time_ours/naive", "time_ours/gemm", "time_torch/gemm"} <= set(cols)
+    assert {"time_ours+ckpt/ours", "mem_ours+ckpt/naive", "mem_ours/torch"} <= set(cols)
+    assert "mem_ours/gemm" not in cols  # gemm has no activation memory
+    m = {"a": Measured(2.0, 10, None), "b": Measured(4.0, 40, None)}
+    assert Ratio("time", "a", "b").value(m) == 0.5 and Ratio("mem", "a", "b").value(m) == 0.25
+
+
+def test_callback_study_results_become_tables():
+    from lightning_rnn.bench.callback_figures import as_table
+
+    rows = as_table("s", "t", {"rows": [{"T": 100, "bytes": 5}, {"T": 400, "bytes": 9}], "exponent": 0.5012})
+    assert [r["T"] for r in rows.rows] == [100, 400] and rows.notes == ["exponent = 0.501"]
+    single = as_table("p", "t", {"epoch_s_packed": 1.0, "epoch_s_padded": 2.0})
+    assert single.rows == [{"epoch_s_packed": 1.0, "epoch_s_padded": 2.0}]
+
+
+@pytest.mark.parametrize("style", ["rich", "plain"])
+def test_tables_print_with_units_and_constants_hoisted(style, capsys):
+    from lightning_rnn.bench.measure import Table
+    from lightning_rnn.bench.report import markdown, print_table
+
+    rows = [
+        {"cell": "lstm", "batch": 50, "hidden": h, "ours_ms": 2.0 * h, "ours_bytes": 2**20 * h, "time_ours/torch": 0.9}
+        for h in (64, 128)
+    ]
+    table = Table("grid", "a title", rows, ["a note"])
+    print_table(table, style)
+    out = capsys.readouterr().out
+    for text in ("a title", "a note", "cell=lstm, batch=50", "ours ms", "ours MiB", "time ours/torch", "128.00", "0.90"):
+        assert text in out, text
+    md = markdown(table)
+    assert "| hidden | ours ms | ours MiB | time ours/torch |" in md and "| 64 | 128.0 | 64.00 | 0.90 |" in md
+
+
+def test_results_md_keeps_sections_of_earlier_runs(tmp_path):
+    from lightning_rnn.bench.measure import Table
+    from lightning_rnn.bench.report import write_markdown, write_results
+
+    for name in ("varlen", "grid"):
+        write_markdown(Table(name, f"{name} title", [{"x": 1}]), tmp_path, ["threads: 1"])
+    write_markdown(Table("grid", "grid title, run 2", [{"x": 2}]), tmp_path)
+    text = write_results(tmp_path, ["grid", "varlen"]).read_text()
+    assert text.index("grid title, run 2") < text.index("varlen title")
+    assert "*Run:* threads: 1" in text

@@ -1,0 +1,127 @@
+"""The whole benchmark on a tiny grid: every table, CSV, plot and ratio is there and sane.
+
+No wall-clock thresholds: times on a shared CPU mean nothing; only memory (deterministic)
+and the shape of the output are asserted.
+"""
+import csv
+import math
+
+import pytest
+import torch
+
+from lightning_rnn.bench import main
+from lightning_rnn.bench.config import load_preset
+from lightning_rnn.bench.gemm_only import gemm_flops_formula
+
+IMPLS = ["ours", "torch", "naive", "gemm"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cfg = load_preset(
+        "smoke",
+        [f"out_dir={out}", "threads=1", "rounds=2", "warmup=0", "table=plain", "varlen.cells=[lstm]"],
+    )
+    threads_before = torch.get_num_threads()
+    lines = []
+    result = main(cfg, log=lines.append)
+    return cfg, result, lines, threads_before
+
+
+def test_grid_has_every_point_and_implementation(run):
+    cfg, result, _, _ = run
+    rows = result.tables["grid"].rows
+    points = {(r["cell"], r["layers"], r["hidden"]) for r in rows}
+    assert points == {(c, l, h) for c in ("lstm", "gru") for l in (1, 2) for h in (8, 16)}
+    for row in rows:
+        for impl in IMPLS:
+            assert row[f"{impl}_ms"] > 0
+        for impl in ("ours", "torch", "naive"):
+            assert row[f"{impl}_bytes"] > 0
+        assert "gemm_bytes" not in row  # the lower bound has no activation memory
+
+
+def test_ratios_are_positive_finite_and_consistent(run):
+    _, result, _, _ = run
+    for table in result.tables.values():
+        for row in table.rows:
+            ratios = {k: v for k, v in row.items() if k.startswith(("time_", "mem_"))}
+            assert ratios, table.name
+            for key, value in ratios.items():
+                assert value > 0 and math.isfinite(value), (table.name, key, value)
+                metric, pair = key.split("_", 1)
+                a, b = pair.split("/")
+                unit = "_ms" if metric == "time" else "_bytes"
+                assert value == pytest.approx(row[a + unit] / row[b + unit])
+
+
+def test_memory_ranking_on_the_grid(run):
+    """Activation memory is deterministic: ours saves less than torch.nn's LSTM and the naive loop."""
+    _, result, _, _ = run
+    for row in result.tables["grid"].rows:
+        assert row["mem_ours/naive"] < 1
+        if row["cell"] == "lstm":
+            assert row["mem_ours/torch"] < 0.5
+
+
+def test_gemm_only_counts_the_layer_flops(run):
+    _, result, _, _ = run
+    for row in result.tables["grid"].rows:
+        flops = gemm_flops_formula(row["cell"], row["input"], row["hidden"], row["layers"], row["tokens"])
+        assert row["gemm_gflop"] == pytest.approx(flops / 1e9)
+
+
+def test_csv_files_parse_with_the_expected_columns(run):
+    _, result, _, _ = run
+    for name, table in result.tables.items():
+        with open(result.out_dir / f"{name}.csv", newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+        assert len(rows) == len(table.rows)
+        assert {"cell", "layers", "hidden", "batch", "seq_len", "tokens"} <= set(reader.fieldnames)
+        for row in rows:
+            for key, value in row.items():
+                if key.endswith(("_ms", "_bytes")) or key.startswith(("time_", "mem_")):
+                    assert float(value) > 0, (name, key)
+    grid_cols = open(result.out_dir / "grid.csv").readline().strip().split(",")
+    for col in ("ours_ms", "torch_ms", "naive_ms", "gemm_ms", "ours_bytes", "time_ours/torch", "time_ours/naive",
+                "time_ours/gemm", "mem_ours/torch", "mem_ours/naive", "backend", "gemm_gflop"):
+        assert col in grid_cols
+
+
+def test_plots_and_markdown_exist(run):
+    _, result, _, _ = run
+    for name in ("lstm_time", "lstm_memory", "gru_time", "gru_memory", "scaling"):
+        path = result.out_dir / f"{name}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    text = (result.out_dir / "results.md").read_text()
+    for table in result.tables.values():
+        assert table.title in text
+    assert "torch threads: 1" in text
+
+
+def test_other_sections(run):
+    cfg, result, _, _ = run
+    varlen = result.tables["varlen"].rows
+    assert [r["cell"] for r in varlen] == ["lstm"]
+    assert varlen[0]["tokens"] < cfg.varlen.batch * cfg.varlen.seq_len
+    assert varlen[0]["mem_ours.packed/ours.padded"] < 1  # packing saves only the real tokens
+    scaling = result.tables["scaling"].rows
+    assert [r["seq_len"] for r in scaling] == cfg.scaling.seq_lens
+    # activation memory is linear in T: bytes per token the same at every length
+    per_token = [r["ours_bytes"] / r["tokens"] for r in scaling]
+    assert per_token[-1] == pytest.approx(per_token[0], rel=0.05)
+    features = result.tables["features"]
+    present = {k[:-3] for k in features.rows[0] if k.endswith("_ms")}
+    skipped = [n for n in features.notes if n.startswith("skipped")]
+    assert present | {n.split()[1].rstrip(":") for n in skipped} == set(cfg.features.implementations)
+    if "ours+bf16" in present:
+        assert features.rows[0]["mem_ours+bf16/ours"] <= 0.65
+
+
+def test_threads_fixed_for_the_run_and_restored(run):
+    _, result, lines, threads_before = run
+    assert result.threads == 1
+    assert any("torch threads: 1" in line for line in lines)
+    assert torch.get_num_threads() == threads_before
