@@ -1,0 +1,26 @@
+"""Data: character corpora, synthetic long-range tasks, classification and forecasting."""
+from .base import DictDataset, RNNDataModule
+from .char_corpus import CharCorpusDataModule
+from .classification import SequenceClassificationDataModule, pad_batch
+from .corpora import PYTHON_STDLIB_FILES, python_stdlib_text, tiny_shakespeare_path
+from .forecasting import ForecastingDataModule
+from .streams import ContiguousStreams
+from .synthetic import COPY_MEMORY_VOCAB, AddingProblemDataModule, CopyMemoryDataModule
+from .vocab import CharVocab
+
+__all__ = [
+    "COPY_MEMORY_VOCAB",
+    "PYTHON_STDLIB_FILES",
+    "AddingProblemDataModule",
+    "CharCorpusDataModule",
+    "CharVocab",
+    "ContiguousStreams",
+    "CopyMemoryDataModule",
+    "DictDataset",
+    "ForecastingDataModule",
+    "RNNDataModule",
+    "SequenceClassificationDataModule",
+    "pad_batch",
+    "python_stdlib_text",
+    "tiny_shakespeare_path",
+]

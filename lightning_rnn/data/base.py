@@ -1,0 +1,89 @@
+"""Shared pieces of the data modules: dict datasets and the split/loader plumbing."""
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+SPLITS = ("train", "val", "test")
+
+
+class DictDataset(Dataset):
+    """Rows of equally long tensors, item ``i`` being ``{name: tensor[i]}``."""
+
+    def __init__(self, **tensors: torch.Tensor):
+        lengths = {name: len(t) for name, t in tensors.items()}
+        if not tensors or len(set(lengths.values())) != 1:
+            raise ValueError(f"tensors: expected one or more tensors of equal length, got lengths {lengths}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: t[index] for name, t in self.tensors.items()}
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` if it is an int >= 1, else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def split_sizes(total: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
+    """Sizes of contiguous train/val/test parts of ``total`` items."""
+    for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0 < value < 0.5:
+            raise ValueError(f"{name}: expected a float in (0, 0.5), got {value!r}")
+    n_val, n_test = int(total * val_fraction), int(total * test_fraction)
+    return total - n_val - n_test, n_val, n_test
+
+
+class RNNDataModule(LightningDataModule):
+    """Base of the data modules: ``setup`` fills ``self.datasets[split]``; batches are dicts
+    with ``inputs`` and ``targets`` (and ``lengths`` for variable-length data).
+
+    Subclasses implement :meth:`build_datasets` and :meth:`model_kwargs`, the constructor
+    arguments a model takes from the data (e.g. ``vocab`` or ``input_size``).
+    """
+
+    collate_fn = None
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0):
+        super().__init__()
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers: expected an int >= 0, got {num_workers!r}")
+        self.num_workers = num_workers
+        self.datasets: dict[str, Dataset] = {}
+
+    def build_datasets(self) -> dict[str, Dataset]:
+        """The train, val and test datasets."""
+        raise NotImplementedError
+
+    def model_kwargs(self) -> dict:
+        """Constructor arguments the model needs from the data (call after ``setup``)."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.datasets:
+            self.datasets = self.build_datasets()
+
+    def _dataloader(self, split: str) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=split == "train",
+            num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._dataloader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._dataloader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._dataloader("test")

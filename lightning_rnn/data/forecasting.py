@@ -1,0 +1,100 @@
+"""Multi-step time-series forecasting: a CSV file of numeric columns or a synthetic default."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from .base import RNNDataModule, check_positive_int, split_sizes
+
+
+class ForecastWindows(Dataset):
+    """Sliding windows over a (time, features) series.
+
+    Item ``i``: ``inputs`` = series[i : i + input_len] (input_len, F) and ``targets`` =
+    series[i + input_len : i + input_len + horizon] (horizon, F).
+    """
+
+    def __init__(self, series: torch.Tensor, input_len: int, horizon: int):
+        self.series, self.input_len, self.horizon = series, input_len, horizon
+        if len(series) < input_len + horizon:
+            raise ValueError(
+                f"series: {len(series)} steps are too few for input_len={input_len} + horizon={horizon}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.series) - self.input_len - self.horizon + 1
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        end = index + self.input_len
+        return {"inputs": self.series[index:end], "targets": self.series[end : end + self.horizon]}
+
+
+def synthetic_series(num_steps: int, generator: torch.Generator) -> torch.Tensor:
+    """Three noisy mixtures of daily (24), weekly (168) and 50-step cycles: (num_steps, 3)."""
+    t = torch.arange(num_steps, dtype=torch.float32).unsqueeze(-1)
+    periods = torch.tensor([24.0, 168.0, 50.0])
+    mixing = torch.tensor([[1.0, 0.5, 0.0], [0.3, 1.0, 0.5], [0.0, 0.4, 1.0]])
+    waves = torch.sin(2 * math.pi * t / periods) @ mixing
+    return waves + 0.1 * torch.randn(num_steps, 3, generator=generator)
+
+
+def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
+    """The numeric ``columns`` (default: all) of a CSV file with a header, as (time, F)."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        names = list(columns) if columns is not None else list(reader.fieldnames or [])
+        missing = sorted(set(names) - set(reader.fieldnames or []))
+        if missing or not names:
+            raise ValueError(f"columns: {missing or names} not found in the header of {path}")
+        try:
+            rows = [[float(row[name]) for name in names] for row in reader]
+        except ValueError as err:
+            raise ValueError(f"path: non-numeric value in columns {names} of {path}: {err}") from err
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+class ForecastingDataModule(RNNDataModule):
+    """Forecast the next ``horizon`` steps of every feature from the last ``input_len``.
+
+    The series is split chronologically (train, then val, then test) and standardized
+    with the training part's mean and standard deviation, so losses are in units of
+    training standard deviations.
+
+    Args:
+        path: a CSV file with a header; ``columns`` picks the features (default: all).
+            If None, :func:`synthetic_series` with ``num_steps`` steps.
+    """
+
+    def __init__(self, path: str | None = None, columns: list[str] | None = None, num_steps: int = 10_000,
+                 input_len: int = 96, horizon: int = 24, batch_size: int = 64, val_fraction: float = 0.15,
+                 test_fraction: float = 0.15, seed: int = 0, num_workers: int = 0):
+        super().__init__(batch_size=batch_size, num_workers=num_workers)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"path: no such file {path!r}")
+        self.path, self.columns, self.seed = path, columns, seed
+        self.num_steps = check_positive_int("num_steps", num_steps)
+        self.input_len = check_positive_int("input_len", input_len)
+        self.horizon = check_positive_int("horizon", horizon)
+        self.fractions = (val_fraction, test_fraction)
+        split_sizes(1, *self.fractions)
+        self.num_features: int | None = None  # known after setup
+
+    def build_datasets(self) -> dict:
+        if self.path is None:
+            series = synthetic_series(self.num_steps, torch.Generator().manual_seed(self.seed))
+        else:
+            series = read_series(Path(self.path), self.columns)
+        self.num_features = series.shape[1]
+        n_train, n_val, _ = split_sizes(len(series), *self.fractions)
+        train = series[:n_train]
+        series = (series - train.mean(0)) / train.std(0).clamp_min(1e-8)
+        parts = {"train": series[:n_train], "val": series[n_train : n_train + n_val],
+                 "test": series[n_train + n_val :]}
+        return {split: ForecastWindows(part, self.input_len, self.horizon) for split, part in parts.items()}
+
+    def model_kwargs(self) -> dict:
+        return {"input_size": self.num_features, "output_size": self.num_features, "horizon": self.horizon}

@@ -1,0 +1,96 @@
+"""CharLanguageModel: embedding -> recurrent encoder -> per-step vocabulary logits."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.vocab import CharVocab
+from ..layers import TemporalAdapter
+from .rnn_module import RNNModule
+from .sampling import sample_next
+from .text_logging import log_text_samples
+
+
+class CharLanguageModel(RNNModule):
+    """Next-character model over the vocabulary ``vocab`` (a string of distinct characters).
+
+    Batches: ``inputs`` and ``targets`` (B, T) int64 ids; predictions are logits (B, T, V).
+    Logs the loss in nats per character and, derived from it, ``bpc`` (bits per
+    character) and ``ppl`` (perplexity). After every validation it samples
+    ``val_sample_length`` characters and logs them (a wandb.Table under wandb).
+
+    Args:
+        vocab: the characters, stored in the checkpoint so sampling needs nothing else.
+        embedding_dim: size of the character embedding (the rnn's input size).
+        val_sample_length: characters sampled after each validation; 0 disables it.
+        val_sample_temperature: temperature of that sample.
+        **kwargs: the :class:`RNNModule` arguments (``rnn``, ``optimizer``, ...).
+    """
+
+    derived_arguments = ("input_size",)
+
+    def __init__(self, vocab: str, embedding_dim: int = 64, val_sample_length: int = 200,
+                 val_sample_temperature: float = 0.8, **kwargs):
+        super().__init__(input_size=embedding_dim, **kwargs)
+        self.vocab = CharVocab(vocab)
+        self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
+        self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
+        self._val_samples: list[tuple[int, str]] = []
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, D*H) -> logits (B, T, V)."""
+        return self.output_layer(features)
+
+    def compute_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """Mean cross-entropy per character, in nats."""
+        return F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+
+    def loss_weight(self, batch: dict) -> int:
+        return batch["targets"].numel()
+
+    def derived_metrics(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"bpc": loss / math.log(2), "ppl": loss.exp()}
+
+    @torch.no_grad()
+    def sample(self, start_text: str = "", length: int = 200, temperature: float = 1.0, top_k: int | None = None,
+               seed: int | None = None) -> str:
+        """``start_text`` followed by ``length`` generated characters.
+
+        The prefix runs through the network once; then each character is drawn (see
+        :func:`~lightning_rnn.modules.sampling.sample_next`) and fed back with the carried
+        state, one step at a time. An empty ``start_text`` starts from a uniformly drawn
+        character. ``seed`` makes the result reproducible without touching the global RNG.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"length: expected an int >= 0, got {length!r}")
+        generator = torch.Generator(device=self.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        was_training = self.training
+        self.eval()
+        if start_text:
+            prefix = self.vocab.encode(start_text).to(self.device)
+        else:
+            prefix = torch.randint(len(self.vocab), (1,), generator=generator, device=self.device)
+            start_text = self.vocab.decode(prefix)
+        logits, state = self(prefix.view(1, -1))  # (1, T, V)
+        generated = []
+        for _ in range(length):
+            next_id = sample_next(logits[:, -1], temperature, top_k, generator)  # (1,)
+            generated.append(next_id)
+            logits, state = self(next_id.view(1, 1), state)
+        self.train(was_training)
+        return start_text + (self.vocab.decode(torch.cat(generated)) if generated else "")
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        length = self.hparams.val_sample_length
+        if length and not self.trainer.sanity_checking and self.trainer.is_global_zero:
+            text = self.sample("", length, self.hparams.val_sample_temperature, seed=self.global_step)
+            self._val_samples.append((self.global_step, text))
+            log_text_samples(self.loggers, "val/samples", self._val_samples)

@@ -1,0 +1,58 @@
+"""SequenceClassifier: one label per variable-length sequence."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from .pooling import final_hidden, mean_over_steps
+from .rnn_module import RNNModule
+
+POOLINGS = ("last", "mean")
+
+
+class SequenceClassifier(RNNModule):
+    """Encode a (padded or packed) sequence, pool it, classify it.
+
+    Batches: ``inputs`` (B, T, input_size) float, ``lengths`` (B,) and ``targets`` (B,)
+    class ids; the padded inputs are packed, so padding costs nothing in the fused
+    layers. Predictions are logits (B, num_classes). Logs loss and accuracy.
+
+    Args:
+        input_size: features per step.
+        num_classes: number of classes.
+        pooling: ``"last"`` (final hidden state of the top layer, both directions) or
+            ``"mean"`` (mean of the outputs over the real steps).
+        **kwargs: the :class:`RNNModule` arguments (``rnn``, ``optimizer``, ...).
+    """
+
+    def __init__(self, input_size: int, num_classes: int, pooling: str = "last", **kwargs):
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling: expected one of {POOLINGS}, got {pooling!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes: expected an int >= 2, got {num_classes!r}")
+        super().__init__(input_size=input_size, **kwargs)
+        self.output_layer = nn.Linear(self.rnn_output_size, num_classes)
+
+    def encode(self, inputs, state=None, lengths=None):
+        """-> (pooled features (B, D*H), state)."""
+        outputs, state = super().encode(inputs, state, lengths)
+        return self.pool(outputs, state, lengths), state
+
+    def pool(self, outputs, state, lengths: torch.Tensor | None) -> torch.Tensor:
+        """One vector per sequence (B, D*H) from the rnn's outputs (padded (B, T, D*H) or
+        packed) and final state; override for other poolings."""
+        if self.hparams.pooling == "last":
+            return final_hidden(state, self.num_directions)
+        return mean_over_steps(outputs, lengths)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.output_layer(features)
+
+    def compute_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits, batch["targets"])
+
+    def build_metrics(self) -> MetricCollection:
+        return MetricCollection({"acc": MulticlassAccuracy(num_classes=self.hparams.num_classes, average="micro")})

@@ -1,0 +1,52 @@
+"""SequenceRegressor: multi-step forecasts (or any vector) from a sequence."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+
+from .pooling import final_hidden
+from .rnn_module import RNNModule
+
+LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss}
+
+
+class SequenceRegressor(RNNModule):
+    """Encode a sequence and predict the next ``horizon`` steps of ``output_size`` values.
+
+    Batches: ``inputs`` (B, T, input_size) float and ``targets`` (B, horizon,
+    output_size); predictions have the targets' shape. The head reads the top layer's
+    final hidden state. Logs the loss and both MSE and MAE.
+
+    Args:
+        input_size: features per input step.
+        output_size: values per predicted step.
+        horizon: predicted steps.
+        loss: ``"mse"`` or ``"mae"``.
+        **kwargs: the :class:`RNNModule` arguments (``rnn``, ``optimizer``, ...).
+    """
+
+    def __init__(self, input_size: int, output_size: int, horizon: int = 1, loss: str = "mse", **kwargs):
+        if loss not in LOSSES:
+            raise ValueError(f"loss: expected one of {tuple(LOSSES)}, got {loss!r}")
+        for name, value in (("output_size", output_size), ("horizon", horizon)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        super().__init__(input_size=input_size, **kwargs)
+        self.output_layer = nn.Linear(self.rnn_output_size, horizon * output_size)
+
+    def encode(self, inputs, state=None, lengths=None):
+        """-> (final hidden state (B, D*H), state)."""
+        _, state = super().encode(inputs, state, lengths)
+        return final_hidden(state, self.num_directions), state
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, D*H) -> (B, horizon, output_size)."""
+        return self.output_layer(features).view(len(features), self.hparams.horizon, self.hparams.output_size)
+
+    def compute_loss(self, predictions: torch.Tensor, batch: dict) -> torch.Tensor:
+        return LOSSES[self.hparams.loss](predictions, batch["targets"])
+
+    def build_metrics(self) -> MetricCollection:
+        return MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})

@@ -1,0 +1,287 @@
+"""RNNModule: the LightningModule every recurrent model here derives from."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torchmetrics import MeanMetric, MetricCollection
+
+from .state import State, detach_state, state_batch_size
+
+STAGES = ("train", "val", "test")
+
+
+def build_rnn(rnn: Callable[..., nn.Module], input_size: int) -> nn.Module:
+    """Call the factory ``rnn(input_size=input_size, batch_first=True)``."""
+    if isinstance(rnn, nn.Module) or not callable(rnn):
+        raise TypeError(
+            "rnn: expected a factory called as rnn(input_size=..., batch_first=True), such as "
+            f"functools.partial(FusedLSTM, hidden_size=128) or a Hydra `_partial_: true` config; got {rnn!r}"
+        )
+    module = rnn(input_size=input_size, batch_first=True)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"rnn: the factory returned {type(module).__name__}, expected a torch.nn.Module")
+    return module
+
+
+def rnn_output_size(rnn: nn.Module) -> int:
+    """Features per step of ``rnn``'s output: ``hidden_size`` (or ``proj_size``) x directions."""
+    hidden = getattr(rnn, "proj_size", 0) or getattr(rnn, "hidden_size", None)
+    if not isinstance(hidden, int):
+        raise TypeError(f"rnn: {type(rnn).__name__} has no int attribute `hidden_size`; the head needs it")
+    return hidden * (2 if getattr(rnn, "bidirectional", False) else 1)
+
+
+class RNNModule(LightningModule):
+    """Base LightningModule for recurrent models: input layer -> ``rnn`` -> head.
+
+    Batches are dicts: ``inputs`` (B, T, ...), ``targets`` and optionally ``lengths`` (B,)
+    for padded variable-length inputs (packed before the ``rnn``). ``inputs`` may also
+    arrive already packed (a ``PackedSequence``), e.g. from a callback.
+
+    Extension points, top to bottom (override any of them in a subclass):
+
+    - :meth:`encode` ``(inputs, state, lengths) -> (features, state)``: input layer and rnn;
+    - :meth:`head` ``(features) -> predictions``;
+    - :meth:`compute_loss` ``(predictions, batch) -> loss`` (a scalar, mean over targets);
+    - :meth:`build_metrics` and :meth:`derived_metrics`: what is logged besides the loss;
+    - :meth:`shared_step` ``(batch, stage, state) -> (loss, predictions, state)``;
+    - :meth:`split_batch`: how a batch is cut along time for truncated BPTT.
+
+    Args:
+        rnn: factory of the recurrent encoder, called as ``rnn(input_size=input_size,
+            batch_first=True)`` (e.g. ``functools.partial(FusedLSTM, hidden_size=128)``).
+        input_size: features per step that reach the rnn (after the input layer).
+        optimizer: factory ``optimizer(params)``, e.g. ``functools.partial(torch.optim.Adam, lr=2e-3)``.
+        scheduler: optional factory ``scheduler(optimizer)``.
+        scheduler_interval: ``"step"`` (every optimizer step) or ``"epoch"``.
+        tbptt_steps: truncated BPTT: cut each batch into chunks of this many steps, carry
+            the detached state from chunk to chunk and take one optimizer step per chunk.
+        stateful: carry the (detached) state from one batch to the next, reset at the
+            start of every epoch (torch-rnn's remember_states). Needs batches whose rows
+            continue one another, as :class:`~lightning_rnn.data.ContiguousStreams` gives.
+        grad_clip: clip gradients to this norm (or value) before each step; None: off.
+        grad_clip_algorithm: ``"norm"`` or ``"value"``.
+        accumulate_grad_batches: optimizer step every this many backward passes (chunks).
+
+    Optimization is manual (Lightning 2 has no TBPTT), so set clipping and accumulation
+    here, not on the Trainer; precision, strategies and callbacks work as usual.
+    """
+
+    #: RNNModule arguments a subclass computes from its own (e.g. ``input_size`` from
+    #: ``embedding_dim``); left out of ``hparams`` so ``load_from_checkpoint`` works.
+    derived_arguments: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        rnn: Callable[..., nn.Module],
+        input_size: int,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., Any] | None = None,
+        scheduler_interval: str = "step",
+        tbptt_steps: int | None = None,
+        stateful: bool = False,
+        grad_clip: float | None = None,
+        grad_clip_algorithm: str = "norm",
+        accumulate_grad_batches: int = 1,
+    ):
+        super().__init__()
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueError(f"scheduler_interval: expected 'step' or 'epoch', got {scheduler_interval!r}")
+        if tbptt_steps is not None and (isinstance(tbptt_steps, bool) or not isinstance(tbptt_steps, int)
+                                        or tbptt_steps < 1):
+            raise ValueError(f"tbptt_steps: expected None or an int >= 1, got {tbptt_steps!r}")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip: expected None or a number > 0, got {grad_clip!r}")
+        if grad_clip_algorithm not in ("norm", "value"):
+            raise ValueError(f"grad_clip_algorithm: expected 'norm' or 'value', got {grad_clip_algorithm!r}")
+        if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int) \
+                or accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches: expected an int >= 1, got {accumulate_grad_batches!r}")
+        if not callable(optimizer):
+            raise TypeError(f"optimizer: expected a factory optimizer(params), got {optimizer!r}")
+        self.save_hyperparameters(ignore=list(self.derived_arguments), logger=False)  # subclass's too
+        self.automatic_optimization = False
+        self.rnn = build_rnn(rnn, input_size)
+        self.input_layer: nn.Module = nn.Identity()
+        self.num_directions = 2 if getattr(self.rnn, "bidirectional", False) else 1
+        self.rnn_output_size = rnn_output_size(self.rnn)
+        collection = self.build_metrics()
+        for stage in STAGES:  # attributes train_mean_loss, val_metrics, ...
+            setattr(self, f"{stage}_mean_loss", MeanMetric())
+            setattr(self, f"{stage}_metrics", collection.clone(prefix=f"{stage}/") if collection is not None else None)
+        self._carried: dict[str, State] = {}
+        self._backwards_since_step = 0
+
+    # ----- model ------------------------------------------------------------------
+    def encode(self, inputs, state: State = None, lengths: torch.Tensor | None = None):
+        """Input layer and rnn: ``inputs`` (B, T, ...) -> (outputs (B, T, D*H), state).
+
+        With ``lengths`` the embedded inputs are packed, and the outputs stay packed.
+        """
+        x = self.input_layer(inputs)
+        if lengths is not None and not isinstance(x, PackedSequence):
+            x = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        return self.rnn(x, state)
+
+    def head(self, features):
+        """Predictions from the encoder's features (the subclass's output layer)."""
+        raise NotImplementedError
+
+    def forward(self, inputs, state: State = None, lengths: torch.Tensor | None = None):
+        """``(predictions, state)`` for ``inputs``, starting from ``state`` (None: zeros)."""
+        features, state = self.encode(inputs, state, lengths)
+        return self.head(features), state
+
+    def compute_loss(self, predictions, batch: dict) -> torch.Tensor:
+        """Scalar loss of ``predictions`` against ``batch["targets"]``."""
+        raise NotImplementedError
+
+    # ----- metrics ----------------------------------------------------------------
+    def build_metrics(self) -> MetricCollection | None:
+        """Torchmetrics updated with ``(predictions, targets)`` every step; None: loss only.
+
+        Called once, at the end of ``RNNModule.__init__``; ``self.hparams``
+        then holds every constructor argument, the subclass's included.
+        """
+        return None
+
+    def derived_metrics(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Metrics that are functions of the mean loss (e.g. bits per character)."""
+        return {}
+
+    def loss_weight(self, batch: dict) -> int:
+        """How many items the batch's loss averages over (for epoch means)."""
+        return len(batch["targets"])
+
+    # ----- steps ------------------------------------------------------------------
+    def shared_step(self, batch: dict, stage: str, state: State = None):
+        """Forward, loss and metric updates for one batch; returns ``(loss, predictions, state)``."""
+        predictions, state = self(batch["inputs"], state, batch.get("lengths"))
+        loss = self.compute_loss(predictions, batch)
+        getattr(self, f"{stage}_mean_loss").update(loss.detach(), self.loss_weight(batch))
+        metrics = getattr(self, f"{stage}_metrics")
+        if metrics is not None:
+            metrics.update(predictions.detach(), batch["targets"])
+        if stage == "train":
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=len(batch["targets"]))
+            self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss.detach()).items()},
+                          batch_size=len(batch["targets"]))
+        return loss, predictions, state
+
+    def split_batch(self, batch: dict) -> list[dict]:
+        """The batch cut along time into chunks of ``tbptt_steps`` (one chunk without TBPTT).
+
+        Every tensor with a time dimension (dim >= 2) is cut along dim 1; all must have
+        the same length. Override for batches whose targets are not per step.
+        """
+        steps = self.hparams.tbptt_steps
+        if steps is None:
+            return [batch]
+        if "lengths" in batch or isinstance(batch["inputs"], PackedSequence):
+            raise ValueError("tbptt_steps: truncated BPTT needs equal-length batches, got variable lengths")
+        timed = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() >= 2}
+        lengths = {k: v.shape[1] for k, v in timed.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"tbptt_steps: batch tensors differ in length along time (dim 1): {lengths}; "
+                             "override split_batch for this kind of batch")
+        pieces = {k: v.split(steps, dim=1) for k, v in timed.items()}
+        num_chunks = len(next(iter(pieces.values())))
+        return [{**batch, **{k: p[i] for k, p in pieces.items()}} for i in range(num_chunks)]
+
+    def _initial_state(self, stage: str, batch: dict) -> State:
+        """The state carried from the previous batch of ``stage`` (stateful), else None."""
+        state = self._carried.get(stage) if self.hparams.stateful else None
+        return state if state_batch_size(state) == len(batch["targets"]) else None
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        state = self._initial_state("train", batch)
+        for chunk in self.split_batch(batch):
+            loss, _, state = self.shared_step(chunk, "train", state)
+            self.manual_backward(loss / self.hparams.accumulate_grad_batches)
+            state = detach_state(state)
+            self._backwards_since_step += 1
+            if self._backwards_since_step == self.hparams.accumulate_grad_batches:
+                self._optimizer_step()
+        if self._backwards_since_step and self.trainer.is_last_batch:  # leftover accumulation
+            self._optimizer_step()
+        self._carried["train"] = state
+
+    def _evaluation_step(self, batch: dict, stage: str) -> None:
+        _, _, state = self.shared_step(batch, stage, self._initial_state(stage, batch))
+        self._carried[stage] = state
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluation_step(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluation_step(batch, "test")
+
+    # ----- optimization -----------------------------------------------------------
+    def configure_optimizers(self):
+        optimizer = self.hparams.optimizer(self.parameters())
+        if self.hparams.scheduler is None:
+            return optimizer
+        scheduler = self.hparams.scheduler(optimizer)
+        config = {"scheduler": scheduler, "interval": self.hparams.scheduler_interval}
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            config["monitor"] = "val/loss"
+        return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def _optimizer_step(self) -> None:
+        """Clip, step, zero the gradients and step a per-step scheduler."""
+        optimizer = self.optimizers()
+        self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip,
+                            gradient_clip_algorithm=self.hparams.grad_clip_algorithm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self._backwards_since_step = 0
+        self._step_schedulers("step")
+
+    def _step_schedulers(self, interval: str) -> None:
+        for config in self.trainer.lr_scheduler_configs:
+            if config.interval != interval:
+                continue
+            if config.monitor is None:
+                config.scheduler.step()
+            elif config.monitor in self.trainer.callback_metrics:
+                config.scheduler.step(self.trainer.callback_metrics[config.monitor])
+
+    # ----- epoch boundaries -------------------------------------------------------
+    def _log_epoch(self, stage: str) -> None:
+        """Log the epoch means of ``stage`` (loss, derived metrics, torchmetrics) and reset."""
+        mean_loss, metrics = getattr(self, f"{stage}_mean_loss"), getattr(self, f"{stage}_metrics")
+        if mean_loss.update_count == 0:
+            return
+        loss = mean_loss.compute()
+        name = "epoch_loss" if stage == "train" else "loss"
+        values = {f"{stage}/{name}": loss}
+        if stage != "train":
+            values.update({f"{stage}/{k}": v for k, v in self.derived_metrics(loss).items()})
+        if metrics is not None:
+            values.update(metrics.compute())
+            metrics.reset()
+        mean_loss.reset()
+        self.log_dict(values, prog_bar=stage == "val")
+
+    def on_train_epoch_start(self) -> None:
+        self._carried.pop("train", None)
+
+    def on_train_epoch_end(self) -> None:
+        self._step_schedulers("epoch")
+        self._log_epoch("train")
+
+    def on_validation_epoch_start(self) -> None:
+        self._carried.pop("val", None)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._carried.pop("test", None)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")

@@ -1,0 +1,15 @@
+"""Logging generated text to whichever loggers the Trainer has."""
+from __future__ import annotations
+
+from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
+
+
+def log_text_samples(loggers: list[Logger], key: str, rows: list[tuple[int, str]]) -> None:
+    """Log ``rows`` of ``(step, text)``: a wandb.Table of all rows so far, or the newest
+    row as TensorBoard text. Other loggers have no text support and are skipped."""
+    step, text = rows[-1]
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_text(key=key, columns=["step", "text"], data=[list(row) for row in rows])
+        elif isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_text(key, text, global_step=step)

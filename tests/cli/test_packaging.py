@@ -1,0 +1,41 @@
+"""A non-editable install carries the configs: the CLI works from any directory."""
+import os
+import shutil
+import subprocess
+import sys
+
+from cli_helpers import REPO
+
+
+def run(args, cwd, env=None):
+    result = subprocess.run(args, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, f"{args}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    return result
+
+
+def test_wheel_ships_configs_and_recipes(tmp_path):
+    source = tmp_path / "source"  # build from a copy: never write build/ into the working tree
+    ignore = shutil.ignore_patterns("__pycache__", "_conf", "*.so", "build")
+    for name in ("lightning_rnn", "conf", "recipes"):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    if not (source / "README.md").exists():
+        (source / "README.md").write_text("lightning_rnn\n")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
+         str(source)], tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("lightning_rnn-*.whl")
+    site = tmp_path / "site"
+    run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)], tmp_path)
+    assert (site / "lightning_rnn" / "_conf" / "experiment" / "char_shakespeare.yaml").is_file()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": str(site), "HYDRA_FULL_ERROR": "1"}
+    where = run([sys.executable, "-c", "import lightning_rnn.cli as c; print(c.config_dir())"], elsewhere, env)
+    assert where.stdout.strip() == str(site / "lightning_rnn" / "_conf")
+    job = run([sys.executable, "-m", "lightning_rnn", "experiment=char_shakespeare", "--cfg", "job"], elsewhere, env)
+    assert "_target_: lightning_rnn.modules.CharLanguageModel" in job.stdout
+    assert "corpus: tiny_shakespeare" in job.stdout

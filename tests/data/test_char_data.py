@@ -1,0 +1,99 @@
+"""Character data: vocabulary, torch-rnn stream layout, corpora, the char DataModule."""
+import pytest
+import torch
+
+from lightning_rnn.data import CharCorpusDataModule, CharVocab, ContiguousStreams, corpora
+
+
+def test_vocab_round_trip_and_unknown_characters():
+    vocab = CharVocab.from_text("hello world")
+    assert vocab.chars == " dehlorw"
+    assert vocab.decode(vocab.encode("low")) == "low"
+    with pytest.raises(ValueError, match="text: characters not in the vocabulary: 'axz'"):
+        vocab.encode("zax")
+    with pytest.raises(ValueError, match="chars"):
+        CharVocab("aa")
+
+
+def test_streams_rows_continue_across_batches():
+    tokens = torch.arange(1001)
+    streams = ContiguousStreams(tokens, batch_size=4, seq_len=10)
+    batches = list(streams)
+    assert len(batches) == len(streams) == 1000 // 40
+    for previous, batch in zip(batches, batches[1:]):
+        # row b of the next batch starts where row b of this one ended
+        assert torch.equal(batch["inputs"][:, 0], previous["inputs"][:, -1] + 1)
+    first = batches[0]
+    assert torch.equal(first["targets"], first["inputs"] + 1)
+    assert first["inputs"].shape == (4, 10)
+
+
+def test_streams_of_two_ranks_make_the_one_process_batch():
+    tokens = torch.randint(0, 50, (5000,))
+    single = list(ContiguousStreams(tokens, batch_size=8, seq_len=16))
+    ranks = [list(ContiguousStreams(tokens, batch_size=4, seq_len=16, rank=r, world_size=2)) for r in (0, 1)]
+    assert len(single) == len(ranks[0]) == len(ranks[1])
+    for i, batch in enumerate(single):
+        assert torch.equal(batch["inputs"], torch.cat([ranks[0][i]["inputs"], ranks[1][i]["inputs"]]))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "batch_size"), ({"seq_len": 4000}, "tokens: .* too few"), ({"rank": 2}, "rank"),
+])
+def test_streams_reject_bad_arguments(kwargs, message):
+    args = {"tokens": torch.arange(3000), "batch_size": 2, "seq_len": 5, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ContiguousStreams(**args)
+
+
+def test_python_stdlib_corpus_is_deterministic_and_large():
+    text = corpora.python_stdlib_text()
+    assert text == corpora.python_stdlib_text()
+    assert len(text) > 500_000
+    assert "def " in text and "class " in text
+
+
+def test_tiny_shakespeare_downloads_once(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_download(url, dest):
+        calls.append(url)
+        dest.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n")
+
+    monkeypatch.setattr(corpora, "download", fake_download)
+    path = corpora.tiny_shakespeare_path(tmp_path)
+    assert corpora.tiny_shakespeare_path(tmp_path) == path
+    assert calls == [corpora.TINY_SHAKESPEARE_URL]
+    assert path.read_text().startswith("First Citizen")
+
+
+def test_tiny_shakespeare_offline_error_names_data_path(tmp_path, monkeypatch):
+    def offline(url, dest):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(corpora, "download", offline)
+    with pytest.raises(RuntimeError, match="data.path="):
+        corpora.tiny_shakespeare_path(tmp_path)
+
+
+def test_char_datamodule_splits_a_file_in_order(tmp_path):
+    text = "".join(chr(ord("a") + i % 26) for i in range(10_000))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    dm = CharCorpusDataModule(path=str(path), batch_size=5, seq_len=20, val_fraction=0.1, test_fraction=0.1)
+    dm.setup()
+    assert dm.model_kwargs() == {"vocab": "abcdefghijklmnopqrstuvwxyz"}
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [8000, 1000, 1000]
+    batch = next(iter(dm.train_dataloader()))
+    assert dm.vocab.decode(batch["inputs"][0]) == text[:20]
+    assert dm.vocab.decode(next(iter(dm.val_dataloader()))["inputs"][0]) == text[8000:8020]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"path": "/no/such/file.txt"}, "path: no such file"),
+    ({"corpus": "war_and_peace"}, "corpus: expected one of"),
+    ({"val_fraction": 0.7}, "val_fraction"),
+])
+def test_char_datamodule_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CharCorpusDataModule(**kwargs)

@@ -1,0 +1,100 @@
+"""Synthetic tasks, classification and forecasting data."""
+import json
+import math
+
+import pytest
+import torch
+
+from lightning_rnn.data import (
+    AddingProblemDataModule,
+    CopyMemoryDataModule,
+    ForecastingDataModule,
+    SequenceClassificationDataModule,
+    pad_batch,
+)
+from lightning_rnn.data.synthetic import adding_problem, copy_memory
+
+
+def test_adding_problem_target_is_the_sum_of_the_marked_values():
+    data = adding_problem(64, 40, torch.Generator().manual_seed(0))
+    values, markers = data["inputs"].unbind(-1)
+    assert data["inputs"].shape == (64, 40, 2) and data["targets"].shape == (64, 1, 1)
+    assert torch.equal(markers.sum(1), torch.full((64,), 2.0))
+    assert torch.all(markers[:, :20].sum(1) == 1) and torch.all(markers[:, 20:].sum(1) == 1)
+    torch.testing.assert_close(data["targets"].view(-1), (values * markers).sum(1))
+
+
+def test_copy_memory_target_repeats_the_symbols_after_the_delimiter():
+    data = copy_memory(8, delay=30, num_symbols=5, generator=torch.Generator().manual_seed(0))
+    inputs, targets = data["inputs"], data["targets"]
+    assert inputs.shape == targets.shape == (8, 40)
+    assert torch.equal(targets[:, -5:], inputs[:, :5])
+    assert torch.all(inputs[:, 34] == 9) and torch.all(targets[:, :35] == 0)
+    assert inputs[:, :5].min() >= 1 and inputs[:, :5].max() <= 8
+
+
+def test_synthetic_datamodules_are_seeded_per_split():
+    a, b = (AddingProblemDataModule(seq_len=10, num_train=16, num_val=8, num_test=8, batch_size=4) for _ in range(2))
+    a.setup(), b.setup()
+    assert torch.equal(a.datasets["train"].tensors["inputs"], b.datasets["train"].tensors["inputs"])
+    assert not torch.equal(a.datasets["val"].tensors["inputs"][:8], a.datasets["train"].tensors["inputs"][:8])
+    assert a.model_kwargs() == {"input_size": 2, "output_size": 1, "horizon": 1}
+    copy = CopyMemoryDataModule(delay=5, num_train=4, num_val=4, num_test=4)
+    assert copy.model_kwargs()["vocab"] == "-ABCDEFGH:"
+    with pytest.raises(ValueError, match="num_train"):
+        AddingProblemDataModule(num_train=0)
+
+
+def test_pad_batch_pads_and_reports_lengths():
+    items = [{"inputs": torch.ones(n, 2), "targets": torch.tensor(n)} for n in (3, 1, 2)]
+    batch = pad_batch(items)
+    assert batch["inputs"].shape == (3, 3, 2)
+    assert batch["lengths"].tolist() == [3, 1, 2]
+    assert batch["inputs"][1, 1:].abs().sum() == 0
+
+
+def test_classification_synthetic_lengths_and_loaders():
+    dm = SequenceClassificationDataModule(num_samples=100, num_classes=3, min_len=5, max_len=12, batch_size=10)
+    dm.setup()
+    assert dm.model_kwargs() == {"input_size": 1, "num_classes": 3}
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [80, 10, 10]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["lengths"].min() >= 5 and batch["lengths"].max() <= 12
+    assert batch["inputs"].shape[1] == batch["lengths"].max()
+
+
+def test_classification_reads_jsonl_and_csv(tmp_path):
+    jsonl = tmp_path / "data.jsonl"
+    records = [{"sequence": [[i, -i]] * (i + 1), "label": "odd" if i % 2 else "even"} for i in range(20)]
+    jsonl.write_text("\n".join(json.dumps(r) for r in records))
+    dm = SequenceClassificationDataModule(path=str(jsonl), batch_size=4)
+    dm.setup()
+    assert dm.classes == ["even", "odd"]
+    assert dm.model_kwargs() == {"input_size": 2, "num_classes": 2}
+
+    csv_path = tmp_path / "data.csv"
+    csv_path.write_text("sequence,label\n" + "\n".join(f"{' '.join(['1.5'] * (i + 1))},{i % 3}" for i in range(30)))
+    dm = SequenceClassificationDataModule(path=str(csv_path), batch_size=4)
+    dm.setup()
+    assert dm.model_kwargs() == {"input_size": 1, "num_classes": 3}
+    with pytest.raises(ValueError, match="path: expected a .csv or .jsonl"):
+        bad = tmp_path / "data.txt"
+        bad.write_text("x")
+        SequenceClassificationDataModule(path=str(bad)).setup()
+
+
+def test_forecasting_windows_standardized_and_chronological(tmp_path):
+    csv_path = tmp_path / "series.csv"
+    rows = [f"{t},{math.sin(t / 5):.6f},{t % 7}" for t in range(400)]
+    csv_path.write_text("t,wave,weekday\n" + "\n".join(rows))
+    dm = ForecastingDataModule(path=str(csv_path), columns=["wave", "weekday"], input_len=20, horizon=5,
+                               batch_size=8, val_fraction=0.2, test_fraction=0.2)
+    dm.setup()
+    assert dm.model_kwargs() == {"input_size": 2, "output_size": 2, "horizon": 5}
+    train = dm.datasets["train"].series
+    torch.testing.assert_close(train.mean(0), torch.zeros(2), atol=1e-5, rtol=0)
+    item = dm.datasets["train"][3]
+    assert item["inputs"].shape == (20, 2) and item["targets"].shape == (5, 2)
+    assert torch.equal(item["targets"][0], train[23])
+    with pytest.raises(ValueError, match="columns"):
+        ForecastingDataModule(path=str(csv_path), columns=["missing"]).setup()

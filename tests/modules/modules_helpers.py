@@ -1,0 +1,31 @@
+"""Tiny models and Trainers for the module tests."""
+import functools
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_rnn.layers import FusedGRU, FusedLSTM
+
+CELLS = {"lstm": FusedLSTM, "gru": FusedGRU}
+
+
+def rnn_factory(cell="lstm", hidden_size=8, num_layers=1, **kwargs):
+    """A reference-backend fused layer factory (no kernel build needed)."""
+    return functools.partial(CELLS[cell], hidden_size=hidden_size, num_layers=num_layers, backend="reference",
+                             **kwargs)
+
+
+def adam(lr=1e-2):
+    return functools.partial(torch.optim.Adam, lr=lr)
+
+
+def batches_loader(batches):
+    """A DataLoader yielding the given (already batched) dicts in order."""
+    return DataLoader(batches, batch_size=None)
+
+
+def tiny_trainer(**kwargs):
+    defaults = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, num_sanity_val_steps=0)
+    return pl.Trainer(**{**defaults, **kwargs})

@@ -1,0 +1,83 @@
+"""SequenceClassifier and SequenceRegressor: packing, pooling, shapes, learning."""
+import pytest
+import torch
+from modules_helpers import adam, batches_loader, rnn_factory, tiny_trainer
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from lightning_rnn.data import pad_batch
+from lightning_rnn.modules import SequenceClassifier, SequenceRegressor
+
+
+def classifier(pooling="last", bidirectional=False, cell="lstm"):
+    rnn = rnn_factory(cell, hidden_size=6, num_layers=2, bidirectional=bidirectional)
+    return SequenceClassifier(input_size=3, num_classes=4, pooling=pooling, rnn=rnn, optimizer=adam()).eval()
+
+
+def variable_batch(lengths=(5, 2, 7)):
+    items = [{"inputs": torch.randn(n, 3), "targets": torch.tensor(i % 4)} for i, n in enumerate(lengths)]
+    return items, pad_batch(items)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_padding_does_not_change_a_sequences_logits(pooling, bidirectional, cell):
+    model = classifier(pooling, bidirectional, cell)
+    items, batch = variable_batch()
+    with torch.no_grad():
+        batched, _ = model(batch["inputs"], lengths=batch["lengths"])
+        alone = torch.cat([model(item["inputs"].unsqueeze(0))[0] for item in items])
+    assert batched.shape == (3, 4)
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_classifier_accepts_already_packed_inputs():
+    model = classifier()
+    _, batch = variable_batch()
+    packed = pack_padded_sequence(batch["inputs"], batch["lengths"], batch_first=True, enforce_sorted=False)
+    with torch.no_grad():
+        from_packed, _ = model(packed)
+        from_padded, _ = model(batch["inputs"], lengths=batch["lengths"])
+    torch.testing.assert_close(from_packed, from_padded)
+
+
+def test_classifier_logs_accuracy():
+    model = classifier()
+    _, batch = variable_batch()
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader([batch]), batches_loader([batch]))
+    with torch.no_grad():
+        logits, _ = model(batch["inputs"], lengths=batch["lengths"])
+    expected = (logits.argmax(-1) == batch["targets"]).float().mean().item()
+    assert trainer.callback_metrics["val/acc"].item() == pytest.approx(expected)
+
+
+def test_regressor_learns_a_linear_readout():
+    """Target: the sum of each sequence's first feature; a small GRU fits it quickly."""
+    torch.manual_seed(0)
+    inputs = torch.rand(64, 5, 2)
+    batch = {"inputs": inputs, "targets": inputs[..., :1].sum(1, keepdim=True).repeat(1, 2, 1)}
+    model = SequenceRegressor(input_size=2, output_size=1, horizon=2, rnn=rnn_factory("gru", hidden_size=16),
+                              optimizer=adam(2e-2))
+    with torch.no_grad():
+        predictions, _ = model(inputs)
+    assert predictions.shape == (64, 2, 1)
+    initial = model.compute_loss(predictions, batch).item()
+    trainer = tiny_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(model, batches_loader([batch] * 150))
+    with torch.no_grad():
+        final = model.compute_loss(model(inputs)[0], batch).item()
+    assert final < 0.05 * initial
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: SequenceClassifier(input_size=3, num_classes=1, rnn=rnn_factory(), optimizer=adam()), "num_classes"),
+    (lambda: SequenceClassifier(input_size=3, num_classes=3, pooling="max", rnn=rnn_factory(), optimizer=adam()),
+     "pooling"),
+    (lambda: SequenceRegressor(input_size=3, output_size=1, loss="huber", rnn=rnn_factory(), optimizer=adam()),
+     "loss"),
+    (lambda: SequenceRegressor(input_size=3, output_size=0, rnn=rnn_factory(), optimizer=adam()), "output_size"),
+])
+def test_bad_arguments_are_named(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()

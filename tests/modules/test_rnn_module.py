@@ -1,0 +1,167 @@
+"""RNNModule's training loop: truncated BPTT, carried state, accumulation, clipping, schedulers."""
+import functools
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from modules_helpers import adam, batches_loader, rnn_factory, tiny_trainer
+from torch import nn
+
+from lightning_rnn.modules import CharLanguageModel, RNNModule
+
+
+def char_lm(**kwargs):
+    args = dict(vocab="abc", embedding_dim=4, rnn=rnn_factory(), optimizer=adam(), val_sample_length=0)
+    return CharLanguageModel(**{**args, **kwargs})
+
+
+def token_batches(num_batches, rows=2, steps=8, chunk_ids=None):
+    """Batches whose inputs are id ``chunk_ids[c]`` throughout time chunk ``c`` (of 4 steps)."""
+    batches = []
+    for _ in range(num_batches):
+        if chunk_ids is None:
+            inputs = torch.randint(0, 3, (rows, steps))
+        else:
+            inputs = torch.tensor(chunk_ids).repeat_interleave(4).expand(rows, -1).clone()
+        batches.append({"inputs": inputs, "targets": torch.randint(0, 3, (rows, steps))})
+    return batches
+
+
+class RecordStates(nn.Module):
+    """Wraps an rnn and records the initial state it is given at each call."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn, self.initial_states = rnn, []
+
+    def forward(self, x, hx=None):
+        self.initial_states.append(hx)
+        return self.rnn(x, hx)
+
+
+class RecordGradients(pl.Callback):
+    def __init__(self):
+        self.embedding_grads, self.grad_norms, self.grad_max = [], [], []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        self.embedding_grads.append(module.input_layer.weight.grad.clone())
+        self.grad_norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+        self.grad_max.append(max(g.abs().max().item() for g in grads))
+
+
+def test_tbptt_steps_once_per_chunk_and_stops_gradients_at_chunk_boundaries():
+    model = char_lm(tbptt_steps=4)
+    model.rnn = recorder = RecordStates(model.rnn)
+    grads = RecordGradients()
+    trainer = tiny_trainer(max_epochs=1, callbacks=[grads])
+    trainer.fit(model, batches_loader(token_batches(3, chunk_ids=[1, 2])))
+    assert trainer.global_step == 6  # 3 batches x 2 chunks
+    for chunk in range(6):
+        first_chunk_grad, second_chunk_grad = grads.embedding_grads[chunk][1], grads.embedding_grads[chunk][2]
+        if chunk % 2 == 0:  # chunk 1 reads only id 1
+            assert first_chunk_grad.abs().sum() > 0 and second_chunk_grad.abs().sum() == 0
+        else:  # chunk 2 reads only id 2: its loss must not reach chunk 1's inputs
+            assert first_chunk_grad.abs().sum() == 0 and second_chunk_grad.abs().sum() > 0
+    starts = recorder.initial_states
+    assert starts[0] is None and starts[2] is None  # not stateful: each batch starts from zeros
+    carried_h, carried_c = starts[1]
+    assert carried_h.abs().sum() > 0 and not carried_h.requires_grad and not carried_c.requires_grad
+
+
+def test_stateful_carries_state_across_batches_and_resets_each_epoch():
+    model = char_lm(stateful=True)
+    model.rnn = recorder = RecordStates(model.rnn)
+    tiny_trainer(max_epochs=2, limit_val_batches=0).fit(model, batches_loader(token_batches(3)))
+    starts = recorder.initial_states
+    assert len(starts) == 6
+    assert starts[0] is None and starts[3] is None  # epoch starts
+    for carried in (starts[1], starts[2], starts[4], starts[5]):
+        assert carried is not None and not carried[0].requires_grad
+
+
+def test_accumulation_steps_every_n_chunks_and_flushes_at_epoch_end():
+    model = char_lm(tbptt_steps=4, accumulate_grad_batches=3)
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader(token_batches(2)))  # 4 chunks: one step after 3, one flush
+    assert trainer.global_step == 2
+
+
+@pytest.mark.parametrize("algorithm, limit", [("norm", 1e-3), ("value", 1e-4)])
+def test_gradients_are_clipped_before_each_step(algorithm, limit):
+    grads = RecordGradients()
+    model = char_lm(grad_clip=limit, grad_clip_algorithm=algorithm, tbptt_steps=4)
+    tiny_trainer(max_epochs=1, callbacks=[grads]).fit(model, batches_loader(token_batches(2)))
+    observed = grads.grad_norms if algorithm == "norm" else grads.grad_max
+    assert len(observed) == 4 and max(observed) <= limit * 1.001
+
+
+@pytest.mark.parametrize("interval, expected_lr", [("step", 1e-2 * 0.5**4), ("epoch", 1e-2 * 0.5**2)])
+def test_schedulers_step_at_their_interval(interval, expected_lr):
+    scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    model = char_lm(tbptt_steps=4, scheduler=scheduler, scheduler_interval=interval)
+    tiny_trainer(max_epochs=2).fit(model, batches_loader(token_batches(1)))  # 2 epochs x 2 chunks
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(expected_lr)
+
+
+def test_bf16_mixed_precision_trains_with_manual_optimization():
+    model = char_lm(tbptt_steps=4)
+    trainer = tiny_trainer(max_epochs=1, precision="bf16-mixed")
+    trainer.fit(model, batches_loader(token_batches(2)))
+    assert trainer.global_step == 4
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def test_validation_logs_epoch_means_and_derived_metrics():
+    model = char_lm()
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader(token_batches(2)), batches_loader(token_batches(2)))
+    metrics = {k: v.item() for k, v in trainer.callback_metrics.items()}
+    assert metrics["val/bpc"] == pytest.approx(metrics["val/loss"] / math.log(2), rel=1e-5)
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-5)
+    assert "train/epoch_loss" in metrics
+
+
+def test_split_batch_requires_equal_lengths():
+    model = char_lm(tbptt_steps=4)
+    chunks = model.split_batch({"inputs": torch.zeros(2, 10, dtype=torch.long), "targets": torch.zeros(2, 10)})
+    assert [c["inputs"].shape[1] for c in chunks] == [4, 4, 2]
+    with pytest.raises(ValueError, match="tbptt_steps: batch tensors differ"):
+        model.split_batch({"inputs": torch.zeros(2, 10), "targets": torch.zeros(2, 3, 1)})
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"rnn": nn.LSTM(4, 8)}, TypeError, "rnn: expected a factory"),
+    ({"tbptt_steps": 0}, ValueError, "tbptt_steps"),
+    ({"scheduler_interval": "batch"}, ValueError, "scheduler_interval"),
+    ({"grad_clip": -1.0}, ValueError, "grad_clip"),
+    ({"grad_clip_algorithm": "l2"}, ValueError, "grad_clip_algorithm"),
+    ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches"),
+    ({"optimizer": "adam"}, TypeError, "optimizer"),
+])
+def test_bad_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        char_lm(**kwargs)
+
+
+def test_base_module_accepts_any_rnn_factory():
+    class Tagger(RNNModule):
+        """A minimal subclass: per-step regression with torch.nn.GRU."""
+
+        def __init__(self, **kwargs):
+            super().__init__(input_size=3, **kwargs)
+            self.output_layer = nn.Linear(self.rnn_output_size, 1)
+
+        def head(self, features):
+            return self.output_layer(features)
+
+        def compute_loss(self, predictions, batch):
+            return nn.functional.mse_loss(predictions, batch["targets"])
+
+    model = Tagger(rnn=functools.partial(nn.GRU, hidden_size=5, bidirectional=True), optimizer=adam())
+    assert model.rnn_output_size == 10
+    batches = [{"inputs": torch.randn(4, 6, 3), "targets": torch.randn(4, 6, 1)} for _ in range(2)]
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader(batches))
+    assert trainer.global_step == 2
