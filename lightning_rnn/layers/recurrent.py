@@ -310,9 +310,23 @@ def _dropout_keep(shape, dtype: torch.dtype, device: torch.device, p: float) -> 
 
 
 def _dropout(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    """Inverted dropout with a given keep-mask; the same values as F.dropout on CPU."""
-    noise = keep.to(x.dtype)
-    return x * (noise.div_(1 - p) if p < 1 else noise)
+    """Inverted dropout with a given bool keep-mask: ``x * keep / (1 - p)`` (zeros at p = 1)."""
+    return _MaskedDropout.apply(x, keep, 0.0 if p >= 1 else 1.0 / (1 - p))
+
+
+class _MaskedDropout(torch.autograd.Function):
+    """Dropout that saves its bool mask (1 byte per element; F.dropout on CPU saves a float mask)."""
+
+    @staticmethod
+    def forward(ctx, x, keep, scale):
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.where(keep, x * scale, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad * ctx.scale, 0.0), None, None
 
 
 def _describe(value) -> str:

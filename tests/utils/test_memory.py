@@ -36,3 +36,12 @@ def test_gru_activation_memory_target(layers):
     x = torch.randn(20, 8, 32, requires_grad=True)
     ours = saved_tensor_bytes(lambda: fused(x)[0], exclude=fused)
     assert ours <= 0.65 * saved_tensor_bytes(lambda: ref(x)[0], exclude=ref)
+
+
+def test_inter_layer_dropout_costs_one_byte_per_element():
+    layer = FusedLSTM(16, 16, num_layers=3, dropout=0.5, backend="reference").train()
+    x = torch.randn(10, 4, 16, requires_grad=True)
+    with_dropout = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    layer.dropout = 0.0
+    without = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    assert with_dropout - without == 2 * 10 * 4 * 16  # two bool masks of (T*B, H)
