@@ -114,8 +114,9 @@ struct BwdStep {  // one time step, rows [0, n)
 };
 
 // ---- cells ---------------------------------------------------------------------------
-// kHw = false: the step's GEMM was accumulated into pre in place (hw is null).
-// kDhIn = false: the previous backward GEMM was accumulated into dh (dh_in is null).
+// p[j] as A, or 0 when the GEMM already accumulated that term elsewhere:
+// forward<kHw = false>: h W_hh^T was added into pre in place (hw is null);
+// backward<kDhIn = false>: dG_h W_hh was added into dh (dh_in is null).
 template <bool kOn, typename T, typename A>
 RNN_HD A load_if(const T* p, int64_t j) {
   if constexpr (kOn) return A(p[j]);
