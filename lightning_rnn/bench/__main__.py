@@ -1,4 +1,4 @@
-"""``python -m lightning_rnn.bench [--preset NAME] [key=value ...]``.
+"""``python -m lightning_rnn.bench [--preset NAME] [key=value ...]`` (or ``--replot DIR``).
 
 Loads ``conf/bench/<NAME>.yaml`` (default, smoke, full), applies the overrides (OmegaConf
 dot-list syntax, e.g. ``grid.hidden=[64,128] grid.cells=[lstm] threads=2``) and runs
@@ -9,16 +9,20 @@ from __future__ import annotations
 import argparse
 
 from .config import load_preset
-from .harness import main
+from .harness import main, replot
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m lightning_rnn.bench", description=__doc__.split("\n\n")[1])
     parser.add_argument("--preset", default="default", help="a file stem in conf/bench/ (default: %(default)s)")
+    parser.add_argument("--replot", metavar="DIR", help="only redraw the PNGs in DIR from its CSVs, measuring nothing")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grid.hidden=[64,128]")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args()
-    main(load_preset(args.preset, args.overrides))
+    if args.replot:
+        print("\n".join(map(str, replot(args.replot))))
+    else:
+        main(load_preset(args.preset, args.overrides))

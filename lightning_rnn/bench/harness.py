@@ -149,6 +149,18 @@ def _device_name(device: str) -> str:
     return platform.processor() or "unknown CPU"
 
 
+def replot(out_dir: str | os.PathLike) -> list[Path]:
+    """Redraw the PNGs of an earlier run from its CSVs (no measuring)."""
+    out_dir = Path(out_dir)
+    paths = []
+    for name in ("grid", "scaling"):
+        if (out_dir / f"{name}.csv").is_file():
+            paths += _plots(report.read_csv(out_dir / f"{name}.csv"), out_dir)
+    if not paths:
+        raise ValueError(f"replot: no grid.csv or scaling.csv in {out_dir}")
+    return paths
+
+
 def _plots(table: Table, out_dir: Path) -> list[Path]:
     from . import plots  # matplotlib only when plotting
 

@@ -1,5 +1,5 @@
 """PNG plots in the style of torch-rnn's benchmark: a metric vs hidden size, one line per
-implementation, one panel per layer count, and under each panel the ratios (log scales).
+implementation, one panel per layer count (log scale), and under each panel the ratios.
 
 - ``<cell>_time.png``: fwd+bwd ms vs hidden size; below, ``time_<a>/<b>`` ratios;
 - ``<cell>_memory.png``: activation MiB vs hidden size; below, ``mem_<a>/<b>`` ratios;
@@ -59,12 +59,12 @@ def _plot_metric(table: Table, cell: str, metric: str, out_dir: Path) -> Path:
         top.set_ylabel(label if j == 0 else "")
         bottom.set_ylabel("ratio" if j == 0 else "")
         bottom.set_xlabel("hidden size")
+        top.set_yscale("log")  # times and bytes span 30x over the grid
+        top.yaxis.set_major_formatter(_PLAIN)
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")  # times span 30x over the grid; ratios read symmetrically around 1
-            ax.yaxis.set_major_formatter(_PLAIN)
-            ax.yaxis.set_minor_formatter(_PLAIN)
             ax.set_xticks(hidden, [str(h) for h in hidden])
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, alpha=0.3)
     axes[0][-1].legend(fontsize=8)
     axes[1][-1].legend(fontsize=8)

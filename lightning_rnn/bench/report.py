@@ -85,6 +85,23 @@ def write_csv(table: Table, out_dir: Path) -> Path:
     return path
 
 
+def read_csv(path: Path, title: str = "") -> Table:
+    """A Table back from a CSV of :func:`write_csv` (numbers parsed, empty cells dropped)."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        rows = [{k: _parse(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    return Table(path.stem, title or path.stem, rows)
+
+
+def _parse(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def markdown(table: Table) -> str:
     """The table as a Markdown section: title, notes, then the table."""
     headers, cells = display(table)

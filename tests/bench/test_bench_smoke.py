@@ -125,3 +125,13 @@ def test_threads_fixed_for_the_run_and_restored(run):
     assert result.threads == 1
     assert any("torch threads: 1" in line for line in lines)
     assert torch.get_num_threads() == threads_before
+
+
+def test_replot_redraws_from_the_csvs(run):
+    from lightning_rnn.bench.harness import replot
+    from lightning_rnn.bench.report import read_csv
+
+    _, result, _, _ = run
+    assert read_csv(result.out_dir / "grid.csv").rows == result.tables["grid"].rows
+    names = sorted(p.name for p in replot(result.out_dir))
+    assert names == ["gru_memory.png", "gru_time.png", "lstm_memory.png", "lstm_time.png", "scaling.png"]
