@@ -48,14 +48,14 @@ class AttentionPoolingClassifier(SequenceClassifier):
         return (weights * outputs).sum(dim=1)
 
 
-def main(epochs: int = 5, **trainer_kwargs) -> dict[str, float]:
-    """Train on the synthetic variable-length task; returns the validation metrics."""
+def main(epochs: int = 5, backend: str = "auto", **trainer_kwargs) -> dict[str, float]:
+    """Train on the synthetic variable-length task; returns the final metrics."""
     pl.seed_everything(0)
     datamodule = SequenceClassificationDataModule(num_samples=1000, max_len=100)
     datamodule.setup()
     model = AttentionPoolingClassifier(
         **datamodule.model_kwargs(),
-        rnn=functools.partial(FusedLSTM, hidden_size=64),
+        rnn=functools.partial(FusedLSTM, hidden_size=64, backend=backend),
         optimizer=functools.partial(torch.optim.Adam, lr=3e-3),
     )
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -67,4 +67,6 @@ def main(epochs: int = 5, **trainer_kwargs) -> dict[str, float]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
-    print(main(parser.parse_args().epochs))
+    parser.add_argument("--backend", default="auto", help="FusedLSTM backend: auto, reference, cpp, torch")
+    args = parser.parse_args()
+    print(main(args.epochs, args.backend))

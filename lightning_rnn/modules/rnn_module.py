@@ -265,7 +265,9 @@ class RNNModule(LightningModule):
             values.update(metrics.compute())
             metrics.reset()
         mean_loss.reset()
-        self.log_dict(values, prog_bar=stage == "val")
+        # torchmetrics' compute() already synced the values across processes, so averaging
+        # them again changes nothing; it tells Lightning they are global.
+        self.log_dict(values, prog_bar=stage == "val", sync_dist=True)
 
     def on_train_epoch_start(self) -> None:
         self._carried.pop("train", None)

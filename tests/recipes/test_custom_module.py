@@ -42,7 +42,7 @@ def test_attention_pooling_ignores_padding(example):
 
 
 def test_example_trains_and_validates(example):
-    metrics = example.main(epochs=2, limit_train_batches=25, limit_val_batches=4, enable_progress_bar=False,
+    metrics = example.main(epochs=2, backend="reference", limit_train_batches=25, limit_val_batches=4, enable_progress_bar=False,
                            enable_model_summary=False)
     assert metrics["val/loss"] < 0.9 * math.log(4)  # better than chance over 4 classes
     assert metrics["val/acc"] > 0.3
