@@ -1,15 +1,24 @@
-"""Project-wide test settings: offline logging, deterministic, few threads."""
+"""Project-wide test settings: offline logging, seeded, one intra-op thread.
+
+Tests use tiny shapes; on a shared 2-core machine one thread runs them many times
+faster than two contending ones. OMP_NUM_THREADS is set before torch is imported so
+subprocesses (CLI, DDP tests) inherit it.
+"""
 import os
 
-import pytest
-import torch
-
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_one_thread():
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)

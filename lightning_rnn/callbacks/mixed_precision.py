@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.plugins.precision import Precision
 
 # dtype name -> (torch dtype, Lightning's precision string)
@@ -93,6 +94,11 @@ class MixedPrecision(Callback):
                 scaler = torch.amp.GradScaler(device, init_scale=self.init_scale, growth_interval=self.growth_interval)
         else:
             raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__)))
+        if device == "cpu" and self.dtype == "bf16" and not _cpu_has_fast_bf16():
+            rank_zero_warn(
+                "MixedPrecision(dtype='bf16') on a CPU without native bf16 instructions (AVX512-BF16/AMX): "
+                "activation memory halves, but bf16 GEMMs are emulated and run many times slower than fp32."
+            )
         self._original = current
         self.plugin = RNNMixedPrecision(self.lightning_precision, device, scaler)
         trainer.strategy.precision_plugin = self.plugin
@@ -114,3 +120,11 @@ class MixedPrecision(Callback):
         if self._original is not None and trainer.strategy.precision_plugin is self.plugin:
             trainer.strategy.precision_plugin = self._original
         self._original, self.plugin = None, None
+
+
+def _cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (else bf16 matmuls are emulated)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

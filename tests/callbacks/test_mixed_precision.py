@@ -1,7 +1,6 @@
 """MixedPrecision: autocast through Lightning's plugin, loss scaling, composition with precision=."""
 import pytest
 import torch
-from lightning.pytorch import Trainer
 
 from lightning_rnn.callbacks import GPUMemoryLogger, MixedPrecision, RNNMixedPrecision
 

@@ -1,15 +1,5 @@
 """Fixtures of the CLI tests."""
 import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny GEMMs on a shared 2-core machine run far faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_default_config_is_the_char_python_recipe(tmp_path):
 
 def test_data_configs_instantiate(tmp_path, small_text):
     for option in ("data=char_python", "data=adding_problem", "data=copy_memory", "data=classification",
-                   "data=forecasting", f"data=char_file"):
+                   "data=forecasting", "data=char_file"):
         overrides = [option] + ([f"data.path={small_text}"] if option == "data=char_file" else [])
         datamodule = instantiate(compose_config(tmp_path, overrides).data)
         assert hasattr(datamodule, "model_kwargs")

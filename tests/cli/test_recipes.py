@@ -77,7 +77,7 @@ def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     ckpt = tmp_path / "model.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
                 "pytorch-lightning_version": "2.6.0"}, ckpt)
-    other = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", f"data=char_file", f"data.path={small_text}",
+    other = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", "data=char_file", f"data.path={small_text}",
                                       *QUICK])
     with pytest.raises(ValueError, match="ckpt_path: the checkpoint's vocab differs"):
         test.run(other)

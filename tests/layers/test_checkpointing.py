@@ -29,14 +29,6 @@ CASES = {
 I, H, T, B = 3, 5, 11, 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: one intra-op thread is several times faster on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _forward_backward(layer, case, chunk_size, x, hx):
     layer.checkpoint_chunk_size = chunk_size

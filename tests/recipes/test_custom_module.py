@@ -21,13 +21,6 @@ def example():
     return module
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_attention_pooling_ignores_padding(example):
     model = example.AttentionPoolingClassifier(
