@@ -35,6 +35,17 @@ def _project_input(x_c: torch.Tensor, w_ih_c: torch.Tensor, bias, state_dtype) -
     return pre
 
 
+def _scan(steps: Steps, init: torch.Tensor, update) -> torch.Tensor:
+    """(N, H) state after every token: ``s_t = update(s_{t-1}, rows of step t)`` from ``init`` (B, H)."""
+    out = init.new_empty(steps.num_rows, init.shape[1])
+    state = init.clone()
+    for t in steps.order():
+        rows, n = steps.rows(t), steps.batch_sizes[t]
+        state[:n] = update(state[:n], rows)
+        out[rows] = state[:n]
+    return out
+
+
 def _sigmoid_grad(y: torch.Tensor) -> torch.Tensor:
     return y * (1 - y)
 
@@ -90,12 +101,7 @@ class LSTMFunction(torch.autograd.Function):
             gates = gates_c.to(p.state)
             i_all, f_all, g_all, o_all = gates.chunk(4, 1)
             # Rebuild c_t for every token with a pointwise scan: c_t = f * c_{t-1} + i * g.
-            c_all = torch.empty_like(i_all)
-            c = c0.to(p.state).clone()
-            for t in steps.order():
-                rows, n = steps.rows(t), steps.batch_sizes[t]
-                c[:n].mul_(f_all[rows]).addcmul_(i_all[rows], g_all[rows])
-                c_all[rows] = c[:n]
+            c_all = _scan(steps, c0.to(p.state), lambda c, r: f_all[r] * c + i_all[r] * g_all[r])
             tanh_c = c_all.tanh()
             prev = steps.prev_index(x_c.device)
             c_prev = gather_prev(c0.to(p.state), c_all, prev)
@@ -178,14 +184,9 @@ class GRUFunction(torch.autograd.Function):
         H = w_hh.shape[1]
         with autocast_off(x_c.device):
             gates = gates_c.to(p.state)
-            r_all, z_all, n_all, hn_all = gates.chunk(4, 1)
+            _, z_all, n_all, _ = gates.chunk(4, 1)
             # Rebuild h_t for every token with a pointwise scan: h_t = n + z * (h_{t-1} - n).
-            h_all = torch.empty_like(r_all)
-            h = h0.to(p.state).clone()
-            for t in steps.order():
-                rows, n = steps.rows(t), steps.batch_sizes[t]
-                h[:n] = n_all[rows] + z_all[rows] * (h[:n] - n_all[rows])
-                h_all[rows] = h[:n]
+            h_all = _scan(steps, h0.to(p.state), lambda h, r: n_all[r] + z_all[r] * (h - n_all[r]))
             prev = steps.prev_index(x_c.device)
             h_prev = gather_prev(h0.to(p.state), h_all, prev)
 
