@@ -83,3 +83,41 @@ def test_non_contiguous_inputs(backend, device):
     got = kernels.lstm(x_wide, bs, h0, c0, w_ih, w_hh_t, b_ih, b_hh, rev)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def _recast(args, dtype, weight_scale):
+    """Fresh leaves of args in dtype, w_ih and w_hh (args[-5], args[-4]: make_args' order
+    ..., w_ih, w_hh, b_ih, b_hh, reverse) scaled by weight_scale."""
+    out = []
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            a = a.detach() * (weight_scale if k - len(args) in (-5, -4) else 1)
+            a = a.to(dtype).requires_grad_()
+        out.append(a)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("schedule", [[6] * 9, [6, 6, 5, 5, 4, 3, 3, 2, 1], [48] * 6 + [40] * 4 + [30] * 4],
+                         ids=["full", "packed", "packed_n568"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_float32_onednn_path_close_to_reference(cell, reverse, schedule):
+    """float32 at H >= 192, T >= 8: the CPU backend's per-step and projection GEMMs (and,
+    with >= 512 rows, the weight-gradient GEMMs) run in oneDNN (csrc/rnn_gemm.h) where
+    torch has it. Against the float64 reference on the same values, its error must be of
+    the order of the float32 reference's own."""
+    kernels = kernels_for("cpp")
+    base = make_args(cell, schedule, I=200, H=192, reverse=reverse)  # float64
+    args32 = _recast(base, torch.float32, 0.1)  # weights ~ 0.05: gates not saturated
+    args64 = tuple(a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                   else a for a in args32)
+    exact = run_and_grad(_call(reference, cell), args64)
+    ours = run_and_grad(_call(kernels, cell), _recast(args32, torch.float32, 1))
+    ref32 = run_and_grad(_call(reference, cell), _recast(args32, torch.float32, 1))
+    for got, ref, want in zip(ours[0] + ours[1], ref32[0] + ref32[1], exact[0] + exact[1]):
+        assert (got is None) == (want is None)
+        if want is not None:
+            scale = float(want.abs().max()) + 1e-12
+            err = float((got.double() - want).abs().max()) / scale
+            ref_err = float((ref.double() - want).abs().max()) / scale
+            assert err <= 4 * ref_err + 1e-6, (err, ref_err)

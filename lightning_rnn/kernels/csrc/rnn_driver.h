@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "rnn_cells.h"
+#include "rnn_gemm.h"
 #include "rnn_schedule.h"
 
 namespace lrnn {
@@ -143,7 +144,7 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
 
   at::Tensor x_c = x.to(compute).contiguous();
   at::Tensor w_hh_t = w_hh.to(compute).t();                          // (H, G*H)
-  at::Tensor pre = at::mm(x_c, w_ih.to(compute).t());                // (N, G*H)
+  at::Tensor pre = proj_gemm(x_c, w_ih.to(compute));                 // (N, G*H)
   at::Tensor gates = Layout<Cell>::gates_buffer(pre);                // (N, 4H)
   auto [bias, b_hn] = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);  // (G*H), (H)
   at::Tensor out = at::empty({z.N, H}, copt);
@@ -154,16 +155,26 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
 
   // LSTM in one precision: h W_hh^T is accumulated into pre in place (no hw pass).
   const bool hw_in_pre = Cell::kHwInPre && compute == state;
+  // float32, H large enough, enough steps to pay for packing W_hh once: the per-step
+  // GEMM runs in oneDNN into a fresh (hot) hw, and the pointwise pass adds pre + hw
+  // (see rnn_gemm.h: faster than addmm_ into the cache-cold rows of pre).
+  const bool dnnl_step = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && s.T >= 8;
+  const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh.to(compute), z.B) : at::Tensor();
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     for (int64_t k = 0; k < s.T; ++k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t];
-      if (hw_in_pre) {
+      at::Tensor hw_step = dnnl_step ? DnnlGemm::linear(h_c.narrow(0, 0, n), w_hh_p) : at::Tensor();
+      const S* hw_ptr = nullptr;
+      if (hw_step.defined()) {
+        hw_ptr = ptr<S>(hw_step);
+      } else if (hw_in_pre) {
         pre.narrow(0, off, n).addmm_(h_c.narrow(0, 0, n), w_hh_t);
       } else {
         at::Tensor hw_n = hw.narrow(0, 0, n);
         at::mm_out(hw_n, h_c.narrow(0, 0, n), w_hh_t);
+        hw_ptr = ptr<S>(hw);
       }
-      FwdStep<S, A> step{ptr<S>(pre) + off * G * H, hw_in_pre ? nullptr : ptr<S>(hw), ptr<A>(bias),
+      FwdStep<S, A> step{ptr<S>(pre) + off * G * H, hw_ptr, ptr<A>(bias),
                          ptr<A>(b_hn), ptr<S>(gates) + off * 4 * H, ptr<A>(h), ptr<A>(c), ptr<S>(h_c),
                          ptr<S>(out) + off * H, n, H, G};
       Dev::template forward_step<Cell, S, A>(step);
@@ -201,9 +212,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
 
   const at::Tensor gates_c = gates.contiguous();
   const at::Tensor d_out_c = d_out.to(compute).contiguous();
-  // (G*H, H) with column-major strides: the per-step dG_h W_hh runs as an "NT" GEMM,
-  // which MKL runs faster than "NN" for these shapes (measured: ~12% at H=512).
-  const at::Tensor w_hh_c = w_hh.to(compute).t().contiguous().t();
+  // (G*H, H) as given (row-major): the per-step dG_h W_hh is an "NN" GEMM. A transposed
+  // copy (to run it as "NT") cost a full strided pass over W_hh on every call (~3 ms at
+  // H=512, 1 thread: a fixed cost that dominated short calls, e.g. checkpointed chunks)
+  // and bought no measurable GEMM speed.
+  const at::Tensor w_hh_c = w_hh.to(compute).contiguous();
   const at::Tensor h0_s = h0.to(state).contiguous();
   const at::Tensor c0_s = c0 ? c0->to(state).contiguous() : at::zeros({B, H}, sopt);
   at::Tensor states = at::empty({N, H}, sopt);        // LSTM c_t / GRU h_{t-1}
@@ -253,11 +266,20 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
       const at::Tensor dGb = dG.narrow(1, g.col, g.width);                  // (N, width)
       if (needs[0]) {
         const at::Tensor w = w_ih_c.narrow(0, g.row, g.width);               // (width, I)
-        dx = dx.defined() ? dx.addmm_(dGb, w) : at::mm(dGb, w);
+        if (dx.defined()) {
+          dx.addmm_(dGb, w);
+        } else {
+          // contiguous dG block (LSTM): oneDNN with the plain, transposed-view weight
+          dx = dGb.is_contiguous() ? proj_gemm(dGb, w.t(), /*pack=*/false) : at::mm(dGb, w);
+        }
       }
       if (needs[3]) {
         at::Tensor dw = dw_ih.narrow(0, g.row, g.width);
-        at::mm_out(dw, dGb.t(), x_c);
+        if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
+          dw_ih = wgrad_gemm(dGb, x_c);  // one block covering all of W_ih (LSTM)
+        } else {
+          at::mm_out(dw, dGb.t(), x_c);
+        }
       }
     }
     if (needs[0]) grads[0] = dx;
@@ -265,7 +287,7 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   }
   if (needs[1]) grads[1] = (dh + dh_in).to(h0.scalar_type());
   if (needs[2] && c0) grads[2] = dc.to(c0->scalar_type());
-  if (needs[4]) grads[4] = at::mm(dG.narrow(1, 0, HG).t(), h_prev_c).to(w_hh.scalar_type());
+  if (needs[4]) grads[4] = wgrad_gemm(dG.narrow(1, 0, HG), h_prev_c).to(w_hh.scalar_type());
   if (needs[5] && bias_dtype) {
     auto [db_ih, db_hh] = Layout<Cell>::bias_grads(db_rows.sum(0), H);
     grads[5] = db_ih.to(*bias_dtype);
@@ -275,17 +297,21 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
 }
 
 // ---- the GEMM-only lower bound --------------------------------------------------------
-// Runs exactly the GEMMs of one forward + backward (same shapes, same buffers, same ATen
-// calls) with no pointwise work: the time a fused layer cannot beat. Returns nothing.
+// Runs exactly the GEMMs of one forward + backward (same shapes, same buffers, same
+// calls: oneDNN where the layer uses it, rnn_gemm.h) with no pointwise work: the time a
+// fused layer cannot beat. Returns nothing.
 template <class Cell>
 void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& w_ih,
                 const at::Tensor& w_hh) {
   const Schedule s(batch_sizes, false);
   const int64_t H = w_hh.size(1), G = Cell::kProjGates, HG = Cell::kHiddenGrad * H;
   const auto opt = x.options();
-  at::Tensor pre = at::mm(x, w_ih.t());
+  at::Tensor pre = proj_gemm(x, w_ih);
   at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt), w_hh_t = w_hh.t();
+  const bool dnnl_step = DnnlGemm::usable(x) && H >= kDnnlMinDim && s.T >= 8;
+  const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh, s.B) : at::Tensor();
   for (int64_t t = 0; t < s.T; ++t) {
+    if (dnnl_step && DnnlGemm::linear(h.narrow(0, 0, s.sizes[t]), w_hh_p).defined()) continue;
     at::Tensor hw_n = hw.narrow(0, 0, s.sizes[t]);
     at::mm_out(hw_n, h.narrow(0, 0, s.sizes[t]), w_hh_t);
   }
@@ -295,11 +321,15 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
     at::mm_out(dh_n, dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG), w_hh);
   }
   for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
-    const at::Tensor dGb = dG.narrow(1, g.col, g.width);
-    at::mm(dGb, w_ih.narrow(0, g.row, g.width));
-    at::mm(dGb.t(), x);
+    const at::Tensor dGb = dG.narrow(1, g.col, g.width), w = w_ih.narrow(0, g.row, g.width);
+    if (dGb.is_contiguous()) {
+      proj_gemm(dGb, w.t(), /*pack=*/false);
+    } else {
+      at::mm(dGb, w);
+    }
+    wgrad_gemm(dGb, x);
   }
-  at::mm(dG.narrow(1, 0, HG).t(), hp);
+  wgrad_gemm(dG.narrow(1, 0, HG), hp);
 }
 
 }  // namespace lrnn
