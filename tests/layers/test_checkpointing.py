@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from layer_helpers import outputs_and_grads
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.bench.baselines import CellLoop
 from lightning_rnn.kernels.dispatch import available_backends
@@ -29,20 +30,14 @@ CASES = {
 I, H, T, B = 3, 5, 11, 4
 
 
-
 def _forward_backward(layer, case, chunk_size, x, hx):
     layer.checkpoint_chunk_size = chunk_size
     inp = x
     if case.get("packed"):
         inp = pack_padded_sequence(x, torch.tensor([T, 3, 7, 1]), batch_first=layer.batch_first, enforce_sorted=False)
     torch.manual_seed(1)  # same dropout masks in every run
-    out, state = layer(inp, hx)
-    out = out.data if hasattr(out, "batch_sizes") else out
-    states = state if isinstance(state, tuple) else (state,)
-    g_out = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-    loss = (out * g_out).sum() + sum((s * (k + 2)).sum() for k, s in enumerate(states))
-    leaves = [x] + ([*hx] if isinstance(hx, tuple) else [hx] if hx is not None else [])
-    return [out, *states, *torch.autograd.grad(loss, leaves + list(layer.parameters()))]
+    out, states, grads = outputs_and_grads(layer, x, inp, hx)
+    return [out, *states, *grads]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from layer_helpers import outputs_and_grads
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.kernels.dispatch import available_backends
 
@@ -41,17 +42,6 @@ def _make_input(case, batch_first):
     return x, pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
 
 
-def _run(layer, x_leaf, inp, hx):
-    out, state = layer(inp, hx)
-    out_t = out.data if hasattr(out, "batch_sizes") else out
-    states = state if isinstance(state, tuple) else (state,)
-    g_out = torch.linspace(-1, 1, out_t.numel(), dtype=out_t.dtype).view_as(out_t)
-    loss = (out_t * g_out).sum() + sum((s * (k + 2)).sum() for k, s in enumerate(states))
-    leaves = [x_leaf] + ([*hx] if isinstance(hx, tuple) else [hx] if hx is not None else [])
-    grads = torch.autograd.grad(loss, leaves + list(layer.parameters()), retain_graph=True)
-    return out_t, states, grads
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -71,8 +61,8 @@ def test_matches_torch_nn_float64(cell, case_name, backend):
         states = tuple(torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(fused.cell.num_states))
         hx = states if cell == "lstm" else states[0]
 
-    out_ref, states_ref, grads_ref = _run(ref, x, inp, hx)
-    out, states, grads = _run(fused, x, inp, hx)
+    out_ref, states_ref, grads_ref = outputs_and_grads(ref, x, inp, hx)
+    out, states, grads = outputs_and_grads(fused, x, inp, hx)
 
     torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
     for s, s_ref in zip(states, states_ref, strict=True):
