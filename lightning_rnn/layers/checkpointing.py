@@ -62,11 +62,16 @@ class Chunk:
 
 
 def split_steps(steps: Steps, length: int) -> list[Chunk]:
-    """Chunks of ``length`` steps in the order the recurrence visits them."""
+    """Chunks of at most ``length`` steps in the order the recurrence visits them.
+
+    As few chunks as ``length`` allows, their lengths differing by at most one (T = 50,
+    length 8: 8 + 6 x 7 rather than 6 x 8 + 2; a short tail chunk costs a whole call).
+    """
     T, ends = len(steps.batch_sizes), steps.offsets + (steps.num_rows,)
+    count = math.ceil(T / length)
+    starts = [k * (T // count) + min(k, T % count) for k in range(count + 1)]
     chunks = [
-        Chunk(slice(t0, min(t0 + length, T)), slice(ends[t0], ends[min(t0 + length, T)]), steps.batch_sizes[t0])
-        for t0 in range(0, T, length)
+        Chunk(slice(t0, t1), slice(ends[t0], ends[t1]), steps.batch_sizes[t0]) for t0, t1 in zip(starts, starts[1:])
     ]
     return chunks[::-1] if steps.reverse else chunks
 

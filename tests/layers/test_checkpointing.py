@@ -76,6 +76,11 @@ def test_chunks_cover_packed_steps_in_visiting_order():
     chunks = split_steps(steps, 2)
     assert [(c.steps.start, c.steps.stop, c.rows.start, c.rows.stop, c.batch) for c in chunks] == [
         (4, 5, 12, 13, 1), (2, 4, 7, 12, 3), (0, 2, 0, 7, 4)]
+    # as few chunks as the length allows, lengths differing by at most one
+    sizes = [c.steps.stop - c.steps.start for c in split_steps(Steps.from_batch_sizes(torch.full((50,), 2), False), 8)]
+    assert sizes == [8, 7, 7, 7, 7, 7, 7]
+    sizes = [c.steps.stop - c.steps.start for c in split_steps(Steps.from_batch_sizes(torch.full((9,), 2), False), 3)]
+    assert sizes == [3, 3, 3]
 
 
 def test_no_checkpointing_without_grad():

@@ -14,25 +14,14 @@ inline int64_t grain_rows(int64_t row_elems) {
 
 struct CpuDev {
   static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
+  // The per-step h W_hh^T goes to a small hot buffer that the pointwise pass adds to pre:
+  // 1 thread, B = 50, MKL: 0.11 vs 0.14 ms at H = 128, 2.1 vs 3.0 ms at H = 512 for
+  // addmm_ into the cache-cold rows of pre (and the buffer is what oneDNN writes anyway).
+  static constexpr bool kStepIntoPre = false;
 
   template <class Cell, typename S, typename A>
-  static void forward_step(const FwdStep<S, A>& s) {
-    if constexpr (Cell::kHwInPre) {
-      if (!s.hw) return forward_rows<Cell, false>(s);
-    }
-    forward_rows<Cell, true>(s);
-  }
-
-  template <class Cell, bool kHw, typename S, typename A>
-  static void forward_rows(const FwdStep<S, A>& s) {
-    const int64_t H = s.H;
-    at::parallel_for(0, s.n, grain_rows(4 * H), [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const FwdRow<S, A> r = s.row(b);
-#pragma omp simd
-        for (int64_t j = 0; j < H; ++j) Cell::template forward<kHw>(r, H, j);
-      }
-    });
+  static void forward_step(const FwdStep<S, A>& s) {  // kStepIntoPre is false: s.hw is always set
+    for_rows(s, [&](const FwdRow<S, A>& r, int64_t j) { Cell::template forward<true>(r, s.H, j); });
   }
 
   template <class Cell, typename S, typename A>
@@ -53,18 +42,22 @@ struct CpuDev {
 
   template <class Cell, typename S, typename A>
   static void backward_step(const BwdStep<S, A>& s) {
-    if (s.dh_in) return backward_rows<Cell, true>(s);
-    backward_rows<Cell, false>(s);
+    if (s.dh_in) {
+      for_rows(s, [&](const BwdRow<S, A>& r, int64_t j) { Cell::template backward<true>(r, s.H, j); });
+    } else {
+      for_rows(s, [&](const BwdRow<S, A>& r, int64_t j) { Cell::template backward<false>(r, s.H, j); });
+    }
   }
 
-  template <class Cell, bool kDhIn, typename S, typename A>
-  static void backward_rows(const BwdStep<S, A>& s) {
+  // elem(row, j) for the rows [0, s.n) of a step (in parallel) and its H columns (vectorized).
+  template <class Step, class Elem>
+  static void for_rows(const Step& s, Elem elem) {
     const int64_t H = s.H;
     at::parallel_for(0, s.n, grain_rows(4 * H), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        const BwdRow<S, A> r = s.row(b);
+        const auto r = s.row(b);
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) Cell::template backward<kDhIn>(r, H, j);
+        for (int64_t j = 0; j < H; ++j) elem(r, j);
       }
     });
   }

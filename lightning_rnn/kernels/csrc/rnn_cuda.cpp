@@ -12,6 +12,8 @@ namespace lrnn {
 
 struct CudaDev {
   static constexpr c10::DeviceType kDevice = c10::DeviceType::CUDA;
+  // cuBLAS accumulates h W_hh^T into pre's rows in place (beta = 1): no hw buffer.
+  static constexpr bool kStepIntoPre = true;
 
   template <class Cell, typename S, typename A>
   static void forward_step(const FwdStep<S, A>& s) {

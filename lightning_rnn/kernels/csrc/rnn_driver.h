@@ -151,15 +151,15 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
   at::Tensor h_c = h0.to(compute).clone().contiguous();              // (B, H) GEMM input
   at::Tensor h = h0.to(state).clone().contiguous();                  // (B, H) GRU state
   at::Tensor c = c0 ? c0->to(state).clone().contiguous() : at::empty({z.B, H}, sopt);
-  at::Tensor hw = at::empty({Cell::kHwInPre && compute == state ? 0 : z.B, G * H}, copt);  // per-step GEMM
-
-  // LSTM in one precision: h W_hh^T is accumulated into pre in place (no hw pass).
-  const bool hw_in_pre = Cell::kHwInPre && compute == state;
   // float32, H large enough, enough steps to pay for packing W_hh once: the per-step
   // GEMM runs in oneDNN into a fresh (hot) hw, and the pointwise pass adds pre + hw
   // (see rnn_gemm.h: faster than addmm_ into the cache-cold rows of pre).
-  const bool dnnl_step = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && s.T >= 8;
+  const bool dnnl_step = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && s.T >= kDnnlPackMinSteps;
   const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh.to(compute), z.B) : at::Tensor();
+  // LSTM in one precision, on a device that prefers it (Dev::kStepIntoPre): h W_hh^T is
+  // accumulated into pre in place (no hw buffer); otherwise the GEMM writes a hot hw buffer.
+  const bool hw_in_pre = Dev::kStepIntoPre && Cell::kHwInPre && compute == state && !dnnl_step;
+  at::Tensor hw = at::empty({hw_in_pre ? 0 : z.B, G * H}, copt);  // per-step GEMM (or oneDNN fallback)
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     for (int64_t k = 0; k < s.T; ++k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t];
@@ -231,13 +231,15 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const at::Tensor steps_dev = at::tensor(s.sizes).to(x_c.device());
   const at::Tensor offs_dev = at::tensor(s.offsets).to(x_c.device());
 
+  // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh. (oneDNN
+  // for this GEMM, packed or not, measured no faster than addmm_ here in the loop.)
+  const bool dh_direct = compute == state;
+
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
                         ptr<A>(tail), ptr<S>(tail_c), ptr<int64_t>(steps_dev), ptr<int64_t>(offs_dev),
                         s.T, H, s.reverse};
     Dev::template scan<Cell, S, A>(scan, B);
-    // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh.
-    const bool dh_direct = compute == state;
     int64_t m_in = 0;
     for (int64_t k = s.T - 1; k >= 0; --k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t], p = s.prev(t);

@@ -90,6 +90,8 @@ class DnnlGemm {
 // Smallest K and N (in, out of the weight) for which oneDNN beats at::mm (measured
 // at H = 128: equal, H = 256: faster).
 constexpr int64_t kDnnlMinDim = 192;
+// Fewest steps for which packing W_hh once pays for the forward's per-step GEMM.
+constexpr int64_t kDnnlPackMinSteps = 8;
 
 // x (M, K) @ w^T for w (N, K) (any strides): oneDNN where usable and big enough, with the
 // weight packed first when `pack` and M is large enough to pay for the packing; else at::mm.
