@@ -19,17 +19,18 @@ consumes. The callback
 The train dataloader must be a ``torch.utils.data.DataLoader`` with a ``batch_size`` over a
 map-style dataset; sequence lengths come from ``dataset.lengths`` if it has one, else from
 ``len(dataset[i][inputs_key])`` (one pass over the dataset at setup). Under DDP, Lightning
-re-creates the batch sampler around its DistributedSampler when the dataloader comes from a
-``train_dataloader()`` hook (a DataModule or the LightningModule).
+re-creates the batch sampler around its DistributedSampler, whether the dataloader comes from a
+``train_dataloader()`` hook or is passed to ``fit``: each process buckets its own shard.
 """
 from __future__ import annotations
 
 import time
 
 import torch
+from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader
 
 from .length_bucketing import LengthBucketBatchSampler
 
@@ -111,7 +112,10 @@ class PackedSequences(Callback):
             self._restore = lambda: delattr(owner, source.name)
         else:
             loader = source.instance
-            source.instance = self.bucketed(loader)
+            # As Lightning does around the hooks: record the init arguments, so that under DDP it can
+            # re-create the batch sampler around its DistributedSampler (else: a TypeError, no `lengths`).
+            with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
+                source.instance = self.bucketed(loader)
             self._restore = lambda: setattr(source, "instance", loader)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
