@@ -3,6 +3,8 @@
 ``callbacks_bench`` (written with the callbacks) returns plain dicts; this section calls
 whichever of its studies exist and turns each into a :class:`Table`:
 
+- ``checkpoint_vs_naive``: memory (saved for backward, and the peak with one recomputed
+  chunk) against the naive loop, and time against no checkpointing, at 3x512;
 - ``checkpoint_scaling``: saved bytes vs T up to 10,000 with ``chunk_size="sqrt"``;
 - ``packed_epoch``: one epoch with vs without the PackedSequences callback.
 """
@@ -15,6 +17,9 @@ from .config import CallbacksConfig
 from .measure import Table
 
 STUDIES = {  # table name -> (callbacks_bench function, title)
+    "checkpoint_vs_naive": (
+        "checkpointing_vs_naive", "gradient checkpointing at 3x512, batch 50, T 50: memory vs the naive loop, time"
+    ),
     "checkpoint_scaling": ("checkpointing_scaling", "gradient checkpointing: saved bytes vs T (chunk = sqrt(T))"),
     "packed_epoch": ("packed_epoch_time", "PackedSequences: epoch time with vs without the callback"),
 }

@@ -194,11 +194,12 @@ class CallbacksConfig:
     """The callbacks' own studies (:mod:`lightning_rnn.bench.callbacks_bench`), each if it exists."""
 
     enabled: bool = True
+    checkpoint_vs_naive: bool = True  # 3x512: memory (saved, peak) vs the naive loop, time vs plain
     checkpoint_scaling: bool = True  # saved bytes vs T up to 10,000 with chunk_size="sqrt"
     packed_epoch: bool = True  # an epoch with vs without PackedSequences, lengths U[10, 500]
 
     def __post_init__(self):
-        for name in ("enabled", "checkpoint_scaling", "packed_epoch"):
+        for name in ("enabled", "checkpoint_vs_naive", "checkpoint_scaling", "packed_epoch"):
             setattr(self, name, _bool(f"bench.callbacks.{name}", getattr(self, name)))
 
 
@@ -211,7 +212,7 @@ class BenchConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
-    checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: round(sqrt(T))
+    checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: the layer's "sqrt"
     rounds: int = 9  # timed rounds; each implementation runs once per round
     warmup: int = 2  # untimed rounds first
     threads: int | None = None  # torch.set_num_threads for the whole run; None: all cores

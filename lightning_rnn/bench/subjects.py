@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from ..kernels import dispatch
 from ..layers import FusedGRU, FusedLSTM, FusedRNNBase
+from ..layers.checkpointing import chunk_length
 from ..utils.memory import saved_tensor_bytes
 from .baselines import CellLoop
 from .gemm_only import GemmOnly
@@ -107,8 +107,8 @@ def unavailable(spec: ImplSpec, device: str) -> str | None:
 
 
 def checkpoint_chunk(seq_len: int, chunk_size: int | None) -> int:
-    """The chunk size '+ckpt' uses: ``chunk_size`` or round(sqrt(T)) (memory ~ sqrt(T))."""
-    return chunk_size or max(1, round(math.sqrt(seq_len)))
+    """The chunk size '+ckpt' uses: ``chunk_size`` or the layer's "sqrt", ceil(sqrt(T)) (memory ~ sqrt(T))."""
+    return chunk_size or chunk_length("sqrt", seq_len)
 
 
 def build_subjects(
