@@ -31,62 +31,48 @@ def _bias_dtype(b_ih):
     return None if b_ih is None else b_ih.dtype
 
 
+def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]) -> type:
+    """The autograd.Function of one direction of one ``cell`` layer ("lstm": 2 states, "gru": 1).
+
+    Inputs: ``(x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse)``; outputs:
+    ``(out (N,H), *final_states (B,H))``. The extension's ops take and return the LSTM's
+    arity for both cells (c0 / c_n / dc0 are None for the GRU).
+    """
+
+    def forward(ctx, x, batch_sizes, *args):
+        states, (w_ih, w_hh, b_ih, b_hh, reverse) = args[:num_states], args[num_states:]
+        c0 = states[1] if num_states == 2 else None
+        p = Precision.for_call(x, w_ih)
+        with autocast_off(x.device):
+            out, h_n, c_n, gates, x_c = getattr(get_ext(), f"{cell}_forward")(
+                x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, bool(reverse), p.compute, p.state
+            )
+        ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
+        ctx.bias_dtype = _bias_dtype(b_ih)
+        ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh)
+        return (out, h_n, c_n)[: 1 + num_states]
+
+    def backward(ctx, d_out, *d_states):
+        x_c, gates, *states, w_ih, w_hh = ctx.saved_tensors
+        c0, d_cn = (states[1], d_states[1]) if num_states == 2 else (None, None)
+        n, w = ctx.needs_input_grad, 2 + num_states  # n: (x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse)
+        needs = [n[0], n[2], num_states == 2 and n[3], n[w], n[w + 1], n[w + 2] or n[w + 3]]
+        with autocast_off(x_c.device):
+            dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh = getattr(get_ext(), f"{cell}_backward")(
+                x_c, gates, states[0], c0, w_ih, w_hh, d_out, d_states[0], d_cn,
+                ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype,
+            )
+        return (dx, None, dh0, dc0)[: 2 + num_states] + (dw_ih, dw_hh, db_ih, db_hh, None)
+
+    doc = f"One direction of one {cell.upper()} layer on the compiled kernels (see the module docstring)."
+    members = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc}
+    return type(f"{cell.upper()}Function", (torch.autograd.Function,), members)
+
+
 def make_functions(get_ext: Callable[[], ModuleType]):
-    """Returns ``(lstm, gru)`` running the extension that ``get_ext()`` loads."""
-
-    class LSTMFunction(torch.autograd.Function):
-        """One direction of one LSTM layer. Returns ``(out (N,H), h_n (B,H), c_n (B,H))``."""
-
-        @staticmethod
-        def forward(ctx, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
-            p = Precision.for_call(x, w_ih)
-            with autocast_off(x.device):
-                out, h_n, c_n, gates, x_c = get_ext().lstm_forward(
-                    x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, bool(reverse), p.compute, p.state
-                )
-            ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
-            ctx.bias_dtype = _bias_dtype(b_ih)
-            ctx.save_for_backward(x_c, gates, h0, c0, w_ih, w_hh)
-            return out, h_n, c_n
-
-        @staticmethod
-        def backward(ctx, d_out, d_hn, d_cn):
-            x_c, gates, h0, c0, w_ih, w_hh = ctx.saved_tensors
-            n = ctx.needs_input_grad
-            needs = [n[0], n[2], n[3], n[4], n[5], n[6] or n[7]]
-            with autocast_off(x_c.device):
-                dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh = get_ext().lstm_backward(
-                    x_c, gates, h0, c0, w_ih, w_hh, d_out, d_hn, d_cn,
-                    ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype,
-                )
-            return dx, None, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, None
-
-    class GRUFunction(torch.autograd.Function):
-        """One direction of one GRU layer. Returns ``(out (N,H), h_n (B,H))``."""
-
-        @staticmethod
-        def forward(ctx, x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
-            p = Precision.for_call(x, w_ih)
-            with autocast_off(x.device):
-                out, h_n, _, gates, x_c = get_ext().gru_forward(
-                    x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, bool(reverse), p.compute, p.state
-                )
-            ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
-            ctx.bias_dtype = _bias_dtype(b_ih)
-            ctx.save_for_backward(x_c, gates, h0, w_ih, w_hh)
-            return out, h_n
-
-        @staticmethod
-        def backward(ctx, d_out, d_hn):
-            x_c, gates, h0, w_ih, w_hh = ctx.saved_tensors
-            n = ctx.needs_input_grad
-            needs = [n[0], n[2], False, n[3], n[4], n[5] or n[6]]
-            with autocast_off(x_c.device):
-                dx, dh0, _, dw_ih, dw_hh, db_ih, db_hh = get_ext().gru_backward(
-                    x_c, gates, h0, None, w_ih, w_hh, d_out, d_hn, None,
-                    ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype,
-                )
-            return dx, None, dh0, dw_ih, dw_hh, db_ih, db_hh, None
+    """Returns ``(LSTMFunction, GRUFunction, lstm, gru)`` running the extension ``get_ext()`` loads."""
+    LSTMFunction = _cell_function("lstm", 2, get_ext)
+    GRUFunction = _cell_function("gru", 1, get_ext)
 
     def supported(x, w_ih) -> bool:
         p = Precision.for_call(x, w_ih)

@@ -123,6 +123,25 @@ RNN_HD A load_if(const T* p, int64_t j) {
   return A(0);
 }
 
+// p[k*H + j] = v_k for the four H-column blocks of a (4H) row (gates, gate gradients).
+template <typename T, typename V>
+RNN_HD void store4(T* p, int64_t H, int64_t j, V v0, V v1, V v2, V v3) {
+  p[j] = T(v0);
+  p[H + j] = T(v1);
+  p[2 * H + j] = T(v2);
+  p[3 * H + j] = T(v3);
+}
+
+// dG[k*H + j] = d_k in the compute dtype and db[k*H + j] += d_k (per-row bias gradient).
+template <typename S, typename A>
+RNN_HD void store_gate_grads(S* dG, A* db, int64_t H, int64_t j, A d0, A d1, A d2, A d3) {
+  store4(dG, H, j, d0, d1, d2, d3);
+  db[j] += d0;
+  db[H + j] += d1;
+  db[2 * H + j] += d2;
+  db[3 * H + j] += d3;
+}
+
 struct LstmCell {
   static constexpr int kProjGates = 4;   // columns of W_ih / W_hh, in units of H
   static constexpr int kHiddenGrad = 4;  // dG columns [0, kHiddenGrad*H) feed dh_{t-1}
@@ -135,10 +154,7 @@ struct LstmCell {
     A pg = A(r.pre[2 * H + j]) + load_if<kHw, S, A>(r.hw, 2 * H + j) + r.bias[2 * H + j];
     A po = A(r.pre[3 * H + j]) + load_if<kHw, S, A>(r.hw, 3 * H + j) + r.bias[3 * H + j];
     A i = sigmoid(pi), f = sigmoid(pf), g = tanh_act(pg), o = sigmoid(po);
-    r.gates[j] = S(i);
-    r.gates[H + j] = S(f);
-    r.gates[2 * H + j] = S(g);
-    r.gates[3 * H + j] = S(o);
+    store4(r.gates, H, j, i, f, g, o);
     A c = f * r.c[j] + i * g;
     r.c[j] = c;
     S h = S(o * tanh_act(c));
@@ -172,14 +188,7 @@ struct LstmCell {
     A df = dc * r.prev[j] * sigmoid_grad(f);
     A dg = dc * i * tanh_grad(g);
     A d_o = dh * tc * sigmoid_grad(o);
-    r.dG[j] = S(di);
-    r.dG[H + j] = S(df);
-    r.dG[2 * H + j] = S(dg);
-    r.dG[3 * H + j] = S(d_o);
-    r.db[j] += di;
-    r.db[H + j] += df;
-    r.db[2 * H + j] += dg;
-    r.db[3 * H + j] += d_o;
+    store_gate_grads(r.dG, r.db, H, j, di, df, dg, d_o);
     r.dc[j] = dc * f;
     r.dh[j] = A(0);
   }
@@ -197,10 +206,7 @@ struct GruCell {
     A hn = A(r.hw[2 * H + j]) + r.b_hn[j];
     A n = tanh_act(A(r.pre[2 * H + j]) + r.bias[2 * H + j] + rg * hn);
     A h = n + z * (r.h[j] - n);
-    r.gates[j] = S(rg);
-    r.gates[H + j] = S(z);
-    r.gates[2 * H + j] = S(n);
-    r.gates[3 * H + j] = S(hn);
+    store4(r.gates, H, j, rg, z, n, hn);
     r.h[j] = h;
     r.h_c[j] = S(h);
     r.out[j] = S(h);
@@ -233,14 +239,7 @@ struct GruCell {
     A dz = dh * (r.state[j] - n) * sigmoid_grad(z);
     A dr = dn * hn * sigmoid_grad(rg);
     A dhn = dn * rg;
-    r.dG[j] = S(dr);
-    r.dG[H + j] = S(dz);
-    r.dG[2 * H + j] = S(dhn);
-    r.dG[3 * H + j] = S(dn);
-    r.db[j] += dr;
-    r.db[H + j] += dz;
-    r.db[2 * H + j] += dhn;
-    r.db[3 * H + j] += dn;
+    store_gate_grads(r.dG, r.db, H, j, dr, dz, dhn, dn);
     r.dh[j] = dh * z;
   }
 };
