@@ -310,7 +310,7 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   const auto opt = x.options();
   at::Tensor pre = proj_gemm(x, w_ih);
   at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt), w_hh_t = w_hh.t();
-  const bool dnnl_step = DnnlGemm::usable(x) && H >= kDnnlMinDim && s.T >= 8;
+  const bool dnnl_step = DnnlGemm::usable(x) && H >= kDnnlMinDim && s.T >= kDnnlPackMinSteps;
   const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh, s.B) : at::Tensor();
   for (int64_t t = 0; t < s.T; ++t) {
     if (dnnl_step && DnnlGemm::linear(h.narrow(0, 0, s.sizes[t]), w_hh_p).defined()) continue;
