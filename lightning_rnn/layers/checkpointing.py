@@ -17,6 +17,13 @@ RNG for dropout. Here everything kept goes through ``save_for_backward`` and dro
 masks are drawn before the chunks run and passed in, so results are identical to the
 un-checkpointed layer (gradients up to float summation order).
 
+Packed weights: a compiled CPU backend packs W_ih and W_hh for oneDNN once per kernel
+call, which at chunks of a few steps costs about what the packed GEMMs save. The
+backend's ``weight_packs()`` store (where it has one) is active while the chunks run
+forward and while each is recomputed in backward, so each weight is packed once per
+pass; the store is emptied at the end of each pass. It holds one packed copy of the
+weights of the chunked layers (their size again), not activations.
+
 Packed layout (see :mod:`lightning_rnn.kernels.steps`): a chunk is a range of steps
 ``[t0, t1)``, i.e. the rows ``offsets[t0] : offsets[t1]`` with ``batch_sizes[t0:t1]``.
 Its initial state is the carried ``(B, H)`` state sliced to ``batch_sizes[t0]`` rows;
@@ -76,31 +83,63 @@ def split_steps(steps: Steps, length: int) -> list[Chunk]:
     return chunks[::-1] if steps.reverse else chunks
 
 
+class PassPacks:
+    """A backend's weight-pack store (or None) shared by the ``count`` chunks of one call.
+
+    ``with packs:`` makes it active; ``chunk_done()`` after each chunk empties it once
+    all ``count`` chunks of a pass (the forward, or one backward) have run.
+    """
+
+    def __init__(self, store, count: int):
+        self.store, self.count, self.done = store, count, 0
+
+    def __enter__(self):
+        if self.store is not None:
+            self.store.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.store is not None:
+            self.store.__exit__(*exc)
+
+    def chunk_done(self) -> None:
+        self.done += 1
+        if self.done == self.count:
+            self.done = 0
+            if self.store is not None:
+                self.store.clear()
+
+
 class RecomputedChunk(torch.autograd.Function):
-    """``run(*inputs)`` without a graph; saves ``inputs``, reruns ``run`` in backward."""
+    """``run(*inputs)`` without a graph; saves ``inputs``, reruns ``run`` in backward.
+
+    ``packs`` (a :class:`PassPacks`) is active around both runs.
+    """
 
     @staticmethod
-    def forward(ctx, run, *inputs):
+    def forward(ctx, run, packs, *inputs):
         device = next(t.device for t in inputs if t is not None)
-        ctx.run = run
+        ctx.run, ctx.packs = run, packs
         ctx.autocast = (device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
         ctx.save_for_backward(*inputs)
-        return run(*inputs)
+        with packs:
+            return run(*inputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        needs = ctx.needs_input_grad[1:]
+        needs = ctx.needs_input_grad[2:]  # (run, packs, *inputs)
         inputs = [
             t if t is None else t.detach().requires_grad_(need)
             for t, need in zip(ctx.saved_tensors, needs)
         ]
         device_type, enabled, dtype = ctx.autocast
-        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled), ctx.packs:
             outputs = ctx.run(*inputs)
+        ctx.packs.chunk_done()
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
         wrt = [t for t in inputs if t is not None and t.requires_grad]
         grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
-        return (None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
+        return (None, None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
 
 
 def _call_span(span: Span, batch_sizes: torch.Tensor, num_masks: int, num_states: int, x, *rest):
@@ -117,21 +156,26 @@ def run_chunked(
     masks: Sequence[torch.Tensor],
     length: int,
     reverse: bool,
+    weight_packs: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Run ``span`` over chunks of ``length`` steps, recomputing each in backward.
 
     x: (N, I) packed rows; init: (B, H) states; masks: (N, F) row-aligned tensors sliced
-    with x; weights: passed whole to every chunk. Returns ``out (N, F)`` and the final
-    (B, H) states, in the order of ``init``.
+    with x; weights: passed whole to every chunk; weight_packs: the kernel backend's
+    store factory, if it has one (see the module docstring). Returns ``out (N, F)`` and
+    the final (B, H) states, in the order of ``init``.
     """
     carried = list(init)
     outs: list[torch.Tensor] = []
-    for chunk in split_steps(Steps.from_batch_sizes(batch_sizes, reverse), length):
+    chunks = split_steps(Steps.from_batch_sizes(batch_sizes, reverse), length)
+    packs = PassPacks(weight_packs() if weight_packs is not None else None, len(chunks))
+    for chunk in chunks:
         b = chunk.batch
         run = partial(_call_span, span, batch_sizes[chunk.steps], len(masks), len(carried))
         out, *final = RecomputedChunk.apply(
-            run, x[chunk.rows], *(m[chunk.rows] for m in masks), *(s[:b] for s in carried), *weights
+            run, packs, x[chunk.rows], *(m[chunk.rows] for m in masks), *(s[:b] for s in carried), *weights
         )
         carried = [f if b == s.shape[0] else torch.cat([f, s[b:]]) for f, s in zip(final, carried)]
         outs.append(out)
+        packs.chunk_done()
     return torch.cat(outs[::-1] if reverse else outs), carried

@@ -176,7 +176,7 @@ class FusedRNNBase(nn.Module):
         run_cell = getattr(kernels, self.cell.name)
         chunk = self._checkpoint_chunk_length(batch, states)
         if chunk is not None and self.num_directions == 1:
-            return self._run_stack_in_chunks(run_cell, batch, states, chunk)
+            return self._run_stack_in_chunks(kernels, batch, states, chunk)
         x, D = batch.data, self.num_directions
         finals: list[list[torch.Tensor]] = [[] for _ in states]
         for layer in range(self.num_layers):
@@ -187,7 +187,9 @@ class FusedRNNBase(nn.Module):
                     out, *final = run_cell(x, batch.batch_sizes, *init, *weights, d == 1)
                 else:  # bidirectional: each layer-direction is chunked on its own
                     span = partial(self._run_span, run_cell, d == 1)
-                    out, final = checkpointing.run_chunked(span, x, batch.batch_sizes, init, weights, [], chunk, d == 1)
+                    out, final = checkpointing.run_chunked(
+                        span, x, batch.batch_sizes, init, weights, [], chunk, d == 1, _weight_packs(kernels)
+                    )
                 outs.append(out)
                 for acc, s in zip(finals, final):
                     acc.append(s)
@@ -205,7 +207,7 @@ class FusedRNNBase(nn.Module):
         tensors = [batch.data, *states, *self.parameters()]
         return chunk if any(t.requires_grad for t in tensors) else None
 
-    def _run_stack_in_chunks(self, run_cell, batch: SequenceBatch, states: list[torch.Tensor], chunk: int):
+    def _run_stack_in_chunks(self, kernels, batch: SequenceBatch, states: list[torch.Tensor], chunk: int):
         """A unidirectional stack with ALL layers inside each chunk of steps.
 
         Only the network input, the dropout masks (bool) and every layer's states at chunk
@@ -220,8 +222,10 @@ class FusedRNNBase(nn.Module):
         shape = (x.shape[0], self.hidden_size)  # (N, H)
         active = [k for k in range(L - 1) if self._dropout_active(k)]
         masks = [_dropout_keep(shape, out_dtype, x.device, self.dropout) for _ in active]
-        span = partial(self._run_span, run_cell, False)
-        out, final = checkpointing.run_chunked(span, x, batch.batch_sizes, init, weights, masks, chunk, False)
+        span = partial(self._run_span, getattr(kernels, self.cell.name), False)
+        out, final = checkpointing.run_chunked(
+            span, x, batch.batch_sizes, init, weights, masks, chunk, False, _weight_packs(kernels)
+        )
         return out, [torch.stack(final[s::S]) for s in range(S)]
 
     def _run_span(self, run_cell, reverse: bool, x, batch_sizes, masks, states, weights) -> tuple:
@@ -302,6 +306,11 @@ class FusedRNNBase(nn.Module):
         if self.checkpoint_chunk_size is not None:
             s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"
         return s
+
+
+def _weight_packs(kernels):
+    """The kernel backend's packed-weight store factory, for backends that have one."""
+    return getattr(kernels, "weight_packs", None)
 
 
 def _dropout_keep(shape, dtype: torch.dtype, device: torch.device, p: float) -> torch.Tensor:

@@ -146,3 +146,46 @@ def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
     forward_calls = len(seen)
     out.float().square().sum().backward()
     assert len(seen) > forward_calls and set(seen) == {torch.bfloat16}
+
+
+@pytest.mark.skipif("cpp" not in BACKENDS or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"),
+                    reason="needs the cpp backend and oneDNN weight packing")
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_weights_packed_once_per_pass_and_released(bidirectional, monkeypatch):
+    """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied after it."""
+    import lightning_rnn.layers.recurrent as recurrent
+
+    sizes_at_clear, stores = [], []
+
+    class Recording:
+        def __init__(self, store):
+            self.store = store
+
+        def __enter__(self):
+            return self.store.__enter__()
+
+        def __exit__(self, *exc):
+            return self.store.__exit__(*exc)
+
+        def clear(self):
+            sizes_at_clear.append(len(self.store))
+            self.store.clear()
+
+    def factory(kernels):
+        make = getattr(kernels, "weight_packs", None)
+        return lambda: stores.append(Recording(make())) or stores[-1]
+
+    layer = FusedLSTM(256, 256, num_layers=2, bidirectional=bidirectional, backend="cpp")
+    x = torch.randn(30, 16, 256, requires_grad=True)  # 80 rows per chunk: oneDNN for the projection too
+    expected = outputs_and_grads(layer, x, x, None)
+    monkeypatch.setattr(recurrent, "_weight_packs", factory)
+    layer.checkpoint_chunk_size = "sqrt"  # 6 chunks of 5 steps
+    got = outputs_and_grads(layer, x, x, None)
+    calls = 1 if not bidirectional else 4  # the whole stack, or each layer-direction
+    per_store = 4 if not bidirectional else 2  # (W_ih, W_hh) per layer in the store
+    assert len(stores) == calls
+    assert sorted(sizes_at_clear) == [per_store] * (2 * calls)  # once after forward, once after backward
+    assert all(len(s.store) == 0 for s in stores)
+    # float32 through oneDNN's packed GEMMs (checkpointed) vs MKL's at 5-step chunks: rounding only
+    for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

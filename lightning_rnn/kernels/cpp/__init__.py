@@ -23,6 +23,16 @@ def load() -> ModuleType:
     return jit_build("cpp", SOURCES, CFLAGS)
 
 
+def weight_packs():
+    """A store that keeps the weights packed for oneDNN while active (``with store:``).
+
+    Kernel calls made inside it pack each weight (same tensor, same version) once;
+    ``store.clear()`` drops the copies. Used by gradient checkpointing, whose chunks are
+    separate kernel calls over the same weights (layers/checkpointing.py).
+    """
+    return load().WeightPacks()
+
+
 LSTMFunction, GRUFunction, lstm, gru = make_functions(load)
 
-__all__ = ["load", "lstm", "gru", "LSTMFunction", "GRUFunction"]
+__all__ = ["load", "lstm", "gru", "LSTMFunction", "GRUFunction", "weight_packs"]

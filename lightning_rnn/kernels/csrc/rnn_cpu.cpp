@@ -83,4 +83,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
   m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
   m.def("num_threads", &at::get_num_threads, "intra-op threads seen by the extension");
+  py::class_<WeightPacks>(m, "WeightPacks", "packed weights reused by kernel calls while active (`with store:`)")
+      .def(py::init<>())
+      .def("__enter__", [](WeightPacks& p) -> WeightPacks& { p.enter(); return p; }, py::return_value_policy::reference)
+      .def("__exit__", [](WeightPacks& p, py::args) { p.exit(); })
+      .def("clear", &WeightPacks::clear, "drop the packed copies")
+      .def("__len__", &WeightPacks::size, "number of packed weights held");
 }

@@ -154,7 +154,8 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
   // float32, H large enough, enough steps to pay for packing W_hh once: the per-step
   // GEMM runs in oneDNN into a fresh (hot) hw, and the pointwise pass adds pre + hw
   // (see rnn_gemm.h: faster than addmm_ into the cache-cold rows of pre).
-  const bool dnnl_step = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && s.T >= kDnnlPackMinSteps;
+  const bool dnnl_step =
+      compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && worth_packing(s.T, kDnnlPackMinSteps);
   const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh.to(compute), z.B) : at::Tensor();
   // LSTM in one precision, on a device that prefers it (Dev::kStepIntoPre): h W_hh^T is
   // accumulated into pre in place (no hw buffer); otherwise the GEMM writes a hot hw buffer.

@@ -21,10 +21,80 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lrnn {
+
+// Packed copies of weights kept for reuse while the store is active on a thread.
+//
+// Gradient checkpointing runs a layer in chunks of a few steps, each chunk a separate
+// kernel call (twice: forward, then recomputed in backward). Packing W_ih and W_hh per
+// call costs ~3 ms each at H = 512 and, at 7-step chunks, eats the whole gain of the
+// packed GEMMs. While a store is active (Python: `with store:`), DnnlGemm::pack returns
+// the copy made earlier for the same weight at the same version. The store holds strong
+// references to the weights it packed (so their storage cannot be reused by another
+// tensor) and is emptied by clear(); the Python owner clears it when a pass over the
+// chunks ends.
+class WeightPacks {
+ public:
+  // The store active on this thread, or nullptr.
+  static WeightPacks*& current() {
+    thread_local WeightPacks* active = nullptr;
+    return active;
+  }
+  void enter() {
+    std::lock_guard<std::mutex> lock(m_);
+    outer_.push_back(current());
+    current() = this;
+  }
+  void exit() {
+    std::lock_guard<std::mutex> lock(m_);
+    TORCH_CHECK(!outer_.empty() && current() == this, "WeightPacks: exit without a matching enter on this thread");
+    current() = outer_.back();
+    outer_.pop_back();
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(m_);
+    entries_.clear();
+  }
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(m_);
+    return static_cast<int64_t>(entries_.size());
+  }
+  // The packed copy of w made by pack(w) earlier, else pack(w). "The same weight": the
+  // same view (storage, offset, sizes, strides) at the same version. Tensors, not
+  // TensorImpls, are compared: the backward of a checkpointed chunk sees new detached
+  // views of the saved weights, which share storage and version counter.
+  template <class Pack>
+  at::Tensor get(const at::Tensor& w, Pack pack) {
+    std::lock_guard<std::mutex> lock(m_);
+    const int64_t version = w._version();
+    for (const Entry& e : entries_) {
+      if (e.version == version && same_view(e.source, w)) return e.packed;
+    }
+    at::Tensor packed = pack(w);
+    entries_.push_back({w, version, packed});
+    return packed;
+  }
+
+ private:
+  static bool same_view(const at::Tensor& a, const at::Tensor& b) {
+    return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+           a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+           a.scalar_type() == b.scalar_type();
+  }
+  struct Entry {
+    at::Tensor source;
+    int64_t version;
+    at::Tensor packed;
+  };
+  std::mutex m_;
+  std::vector<Entry> entries_;
+  std::vector<WeightPacks*> outer_;
+};
 
 class DnnlGemm {
  public:
@@ -45,15 +115,12 @@ class DnnlGemm {
 
   // w (out, in) -> a packed copy for X W^T with about `rows` rows of X, or w itself if
   // packing fails (the plain weight works with linear() too, or with at::mm).
+  // Inside an active WeightPacks store, a weight packed before is not packed again.
   static at::Tensor pack(const at::Tensor& w, int64_t rows) {
-    try {
-      torch::jit::Stack st{c10::IValue(w.contiguous()), c10::IValue(rows)};
-      reorder_op()->callBoxed(&st);
-      return st[0].toTensor();
-    } catch (const std::exception&) {
-      failed() = true;
-      return w;
+    if (WeightPacks* store = WeightPacks::current()) {
+      return store->get(w, [rows](const at::Tensor& v) { return pack_now(v, rows); });
     }
+    return pack_now(w, rows);
   }
 
   // x (M, in) @ w^T, w (out, in) plain (any strides) or packed by pack(). Returns an
@@ -71,6 +138,17 @@ class DnnlGemm {
   }
 
  private:
+  static at::Tensor pack_now(const at::Tensor& w, int64_t rows) {
+    try {
+      torch::jit::Stack st{c10::IValue(w.contiguous()), c10::IValue(rows)};
+      reorder_op()->callBoxed(&st);
+      return st[0].toTensor();
+    } catch (const std::exception&) {
+      failed() = true;
+      return w;
+    }
+  }
+
   static std::atomic<bool>& failed() {
     static std::atomic<bool> f{false};
     return f;
@@ -93,11 +171,17 @@ constexpr int64_t kDnnlMinDim = 192;
 // Fewest steps for which packing W_hh once pays for the forward's per-step GEMM.
 constexpr int64_t kDnnlPackMinSteps = 8;
 
+// Whether a weight for `steps` steps (or `rows` rows) is worth packing: always when an
+// active WeightPacks store makes the packing free after the first call.
+inline bool worth_packing(int64_t count, int64_t minimum) {
+  return count >= minimum || WeightPacks::current() != nullptr;
+}
+
 // x (M, K) @ w^T for w (N, K) (any strides): oneDNN where usable and big enough, with the
 // weight packed first when `pack` and M is large enough to pay for the packing; else at::mm.
 inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack = true) {
   if (DnnlGemm::usable(x) && w.size(0) >= kDnnlMinDim && w.size(1) >= kDnnlMinDim && x.size(0) >= 64) {
-    at::Tensor wp = pack && x.size(0) >= 512 ? DnnlGemm::pack(w, x.size(0)) : w;
+    at::Tensor wp = pack && worth_packing(x.size(0), 512) ? DnnlGemm::pack(w, x.size(0)) : w;
     at::Tensor y = DnnlGemm::linear(x, wp);
     if (y.defined()) return y;
   }

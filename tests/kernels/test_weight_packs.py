@@ -1,0 +1,77 @@
+"""The cpp backend's packed-weight store: each weight packed once while active, never stale."""
+import pytest
+import torch
+
+from lightning_rnn.kernels import cpp
+
+from kernel_cases import make_args
+
+H = 256  # oneDNN's packed GEMMs are used from H = 192 on (rnn_gemm.h)
+# Inside a store the steps run oneDNN's packed GEMM instead of MKL's: float32 results
+# differ in rounding (up to ~2e-5 here); a stale weight would be off by O(1).
+TOL = dict(rtol=1e-4, atol=1e-4)
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or not torch.backends.mkldnn.is_available(),
+    reason="this torch build has no oneDNN weight packing",
+)
+
+
+def _args(cell, seed=0):
+    # 4 steps (66 rows): below the step count at which a call packs W_hh on its own
+    return make_args(cell, [20, 20, 16, 10], I=H, H=H, dtype=torch.float32, seed=seed)
+
+
+def _run(cell, args):
+    with torch.no_grad():
+        return getattr(cpp, cell)(*args)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_each_weight_packed_once_while_active_and_results_unchanged(cell):
+    args = _args(cell)
+    expected = _run(cell, args)
+    store = cpp.weight_packs()
+    with store:
+        first = _run(cell, args)
+        assert len(store) == 2  # W_ih and W_hh
+        w_ih, w_hh = args[-6], args[-5]
+        detached = (*args[:-6], w_ih.detach(), w_hh.detach(), *args[-4:])  # new views, same weights
+        second = _run(cell, detached)
+        assert len(store) == 2
+    assert len(store) == 2  # kept after the block, until cleared
+    for got in (first, second):
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, **TOL)
+    _run(cell, args)  # inactive: nothing added
+    assert len(store) == 2
+    store.clear()
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_weight_changed_in_place_is_packed_again(cell):
+    args = _args(cell)
+    w_hh = args[-5]
+    store = cpp.weight_packs()
+    with store:
+        before = _run(cell, args)
+        with torch.no_grad():
+            w_hh.mul_(-1.5)  # bumps the version: the packed copy is stale
+        after = _run(cell, args)
+    assert len(store) == 3
+    expected = _run(cell, args)
+    for a, b in zip(after, expected, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+    assert not torch.allclose(before[0], after[0])
+
+
+def test_stores_nest_and_exit_in_order():
+    args = _args("lstm")
+    outer, inner = cpp.weight_packs(), cpp.weight_packs()
+    with outer:
+        with inner:
+            _run("lstm", args)
+        _run("lstm", make_args("lstm", [20, 20, 16, 10], I=H, H=H, dtype=torch.float32, seed=1))
+    assert (len(outer), len(inner)) == (2, 2)
+    with pytest.raises(RuntimeError, match="exit without a matching enter"):
+        inner.__exit__(None, None, None)
