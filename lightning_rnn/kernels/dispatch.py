@@ -77,9 +77,12 @@ def resolve(backend: str, device: torch.device) -> str:
     ``"auto"`` picks the fastest backend for the device that loads (see
     :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
     and process) and moves on, ending at ``"reference"``. Named backends raise
-    :class:`BackendUnavailable` instead of falling back.
+    :class:`BackendUnavailable` instead of falling back. On the meta device (shape
+    inference, deferred initialization) every backend resolves to ``"torch"``.
     """
     check_backend_name(backend)
+    if torch.device(device).type == "meta":
+        return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
     if backend != "auto":
         if backend in KERNEL_BACKENDS:
             load(backend)

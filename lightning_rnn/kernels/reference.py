@@ -22,6 +22,7 @@ Saved gates: LSTM (N, 4H) = activated [i, f, g, o]; GRU (N, 4H) = [r, z, n, W_hn
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .precision import Precision, autocast_off
 from .steps import Steps, gather_prev
@@ -93,6 +94,7 @@ class LSTMFunction(torch.autograd.Function):
         return out, h.to(p.compute), c
 
     @staticmethod
+    @once_differentiable  # hand-written backward: no double backward
     def backward(ctx, d_out, d_hn, d_cn):
         x_c, gates_c, h0, c0, w_ih, w_hh = ctx.saved_tensors
         steps, p = ctx.steps, ctx.precision
@@ -178,6 +180,7 @@ class GRUFunction(torch.autograd.Function):
         return out, h.to(p.compute)
 
     @staticmethod
+    @once_differentiable  # hand-written backward: no double backward
     def backward(ctx, d_out, d_hn):
         x_c, gates_c, h0, w_ih, w_hh = ctx.saved_tensors
         steps, p = ctx.steps, ctx.precision

@@ -37,6 +37,7 @@ from functools import partial
 from typing import Callable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..kernels.steps import Steps
 
@@ -126,6 +127,7 @@ class RecomputedChunk(torch.autograd.Function):
             return run(*inputs)
 
     @staticmethod
+    @once_differentiable  # the recomputation is differentiated once, without create_graph
     def backward(ctx, *grad_outputs):
         needs = ctx.needs_input_grad[2:]  # (run, packs, *inputs)
         inputs = [

@@ -14,6 +14,7 @@ is needed and a torch.nn state dict loads as is.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -40,9 +41,17 @@ _CONFIG_KEYS = ("input_size", "hidden_size", "num_layers", "bias", "batch_first"
 
 
 def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
+    return int(value)
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, numbers.Integral) or value not in (0, 1):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return bool(value)
 
 
 class FusedRNNBase(nn.Module):
@@ -59,6 +68,7 @@ class FusedRNNBase(nn.Module):
         batch_first: bool = False,
         dropout: float = 0.0,
         bidirectional: bool = False,
+        proj_size: int = 0,
         *,
         backend: str = "auto",
         checkpoint_chunk_size: int | str | None = None,
@@ -69,10 +79,21 @@ class FusedRNNBase(nn.Module):
         self.input_size = _check_int("input_size", input_size, 1)
         self.hidden_size = _check_int("hidden_size", hidden_size, 1)
         self.num_layers = _check_int("num_layers", num_layers, 1)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
             raise ValueError(f"dropout: expected a float in [0, 1], got {dropout!r}")
         self.dropout = float(dropout)
-        self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
+        if self.dropout and self.num_layers == 1:
+            warnings.warn(
+                f"dropout={self.dropout} has no effect with num_layers=1: it applies between stacked layers "
+                "(as in torch.nn)",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.bias = _check_flag("bias", bias)
+        self.batch_first = _check_flag("batch_first", batch_first)
+        self.bidirectional = _check_flag("bidirectional", bidirectional)
+        if proj_size != 0:
+            raise ValueError(f"proj_size: expected 0 (projections are not supported), got {proj_size!r}")
         self.backend = dispatch.check_backend_name(backend)
         # Gradient checkpointing over time (None = off, an int, or "sqrt" = ceil(sqrt(T)) per
         # call); a plain attribute so callbacks can switch it. See layers/checkpointing.py.
@@ -121,6 +142,36 @@ class FusedRNNBase(nn.Module):
             if w is not None
         ]
 
+    # torch.nn.RNNBase's attributes, for code written against it
+    @property
+    def mode(self) -> str:
+        return self.cell.torch_class.__name__  # "LSTM" or "GRU"
+
+    @property
+    def proj_size(self) -> int:
+        return 0
+
+    @property
+    def _flat_weights_names(self) -> list[str]:
+        return [name for names in self._all_weights for name in names]
+
+    @property
+    def _flat_weights(self) -> list[torch.Tensor]:
+        return self.flat_weights()
+
+    @property
+    def _all_weights(self) -> list[list[str]]:
+        kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if self.bias else ())
+        return [
+            [f"{kind}{self._suffix(layer, d)}" for kind in kinds]
+            for layer in range(self.num_layers)
+            for d in range(self.num_directions)
+        ]
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
     def flatten_parameters(self) -> None:
         """Kept for drop-in compatibility with torch.nn: our weights are always in kernel layout."""
 
@@ -130,7 +181,8 @@ class FusedRNNBase(nn.Module):
 
     @classmethod
     def from_torch(cls, module: nn.Module, *, backend: str = "auto") -> "FusedRNNBase":
-        """A fused copy of a ``torch.nn.LSTM``/``GRU`` (same weights, dtype and device)."""
+        """A fused copy of a ``torch.nn.LSTM``/``GRU``: same weights, dtype, device, train/eval
+        mode and frozen parameters."""
         torch_class = cls.cell.torch_class
         if not isinstance(module, torch_class):
             raise TypeError(f"module: expected a torch.nn.{torch_class.__name__}, got {type(module).__name__}")
@@ -139,15 +191,14 @@ class FusedRNNBase(nn.Module):
         ref = module.weight_ih_l0
         config = {k: getattr(module, k) for k in _CONFIG_KEYS}
         fused = cls(**config, backend=backend, device=ref.device, dtype=ref.dtype)
-        fused.load_state_dict(module.state_dict())
-        return fused
+        return _copy_module_state(module, fused)
 
     def to_torch(self) -> nn.Module:
-        """A ``torch.nn.LSTM``/``GRU`` with a copy of these weights (same dtype and device)."""
+        """A ``torch.nn.LSTM``/``GRU`` copy of this layer: same weights, dtype, device,
+        train/eval mode and frozen parameters."""
         ref = self.weight_ih_l0
         module = self.cell.torch_class(**self._config(), device=ref.device, dtype=ref.dtype)
-        module.load_state_dict(self.state_dict())
-        return module.train(self.training)
+        return _copy_module_state(self, module)
 
     # ----- forward ------------------------------------------------------------------
     def forward(self, input, hx=None):
@@ -161,7 +212,7 @@ class FusedRNNBase(nn.Module):
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
         backend = dispatch.resolve(self.backend, batch.data.device)
         if backend == "torch":
-            if self.checkpoint_chunk_size is not None:
+            if self.checkpoint_chunk_size is not None and self.backend == "torch":
                 warnings.warn(
                     "checkpoint_chunk_size is ignored with backend='torch' (torch.nn keeps its own activations)",
                     RuntimeWarning,
@@ -306,6 +357,15 @@ class FusedRNNBase(nn.Module):
         if self.checkpoint_chunk_size is not None:
             s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"
         return s
+
+
+def _copy_module_state(source: nn.Module, target: nn.Module) -> nn.Module:
+    """Weights, train/eval mode and which parameters are frozen, from ``source`` to ``target``."""
+    target.load_state_dict(source.state_dict())
+    frozen = {name for name, p in source.named_parameters() if not p.requires_grad}
+    for name, p in target.named_parameters():
+        p.requires_grad_(name not in frozen)
+    return target.train(source.training)
 
 
 def _weight_packs(kernels):

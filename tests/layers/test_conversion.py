@@ -42,3 +42,42 @@ def test_repr_and_init_range():
     assert repr(layer) == "FusedLSTM(3, 16, num_layers=2, dropout=0.25)"
     bound = 1 / 16**0.5
     assert all(p.abs().max() <= bound for p in layer.parameters())
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_conversion_keeps_eval_mode_and_frozen_parameters(fused_class, torch_class):
+    ref = torch_class(3, 4, num_layers=2, dropout=0.5).eval()
+    ref.weight_hh_l1.requires_grad_(False)
+    fused = fused_class.from_torch(ref)
+    assert not fused.training
+    assert [n for n, p in fused.named_parameters() if not p.requires_grad] == ["weight_hh_l1"]
+    x = torch.randn(6, 2, 3)
+    torch.testing.assert_close(fused(x)[0], ref(x)[0], rtol=1e-5, atol=1e-6)  # no dropout in eval
+    back = fused.train().to_torch()
+    assert back.training
+    assert [n for n, p in back.named_parameters() if not p.requires_grad] == ["weight_hh_l1"]
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_torch_nn_attributes(fused_class, torch_class, bias):
+    ours, theirs = fused_class(**CONFIG, bias=bias), torch_class(**CONFIG, bias=bias)
+    assert (ours.mode, ours.proj_size) == (theirs.mode, theirs.proj_size)
+    assert ours._all_weights == theirs._all_weights
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert [w is getattr(ours, n) for w, n in zip(ours._flat_weights, ours._flat_weights_names)] == [True] * (
+        len(ours._flat_weights_names)
+    )
+    assert [[p.shape for p in ws] for ws in ours.all_weights] == [[p.shape for p in ws] for ws in theirs.all_weights]
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_meta_device_gives_shapes(fused_class, torch_class):
+    ours = fused_class(**CONFIG, device="meta")
+    theirs = torch_class(**CONFIG, device="meta")
+    x = torch.empty(2, 5, 3, device="meta")
+    out, state = ours(x)
+    ref_out, ref_state = theirs(x)
+    assert out.device.type == "meta" and out.shape == ref_out.shape
+    states, ref_states = (state, ref_state) if isinstance(state, tuple) else ((state,), (ref_state,))
+    assert [s.shape for s in states] == [s.shape for s in ref_states]

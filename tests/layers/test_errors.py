@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from lightning_rnn import FusedGRU, FusedLSTM
+from lightning_rnn.kernels.dispatch import available_backends
 
 
 @pytest.mark.parametrize(
@@ -11,10 +12,10 @@ from lightning_rnn import FusedGRU, FusedLSTM
         (dict(hidden_size=0), "hidden_size: expected an int >= 1"),
         (dict(num_layers=0), "num_layers: expected an int >= 1"),
         (dict(input_size=-2), "input_size: expected an int >= 1"),
-        (dict(hidden_size=4.0), "hidden_size"),
         (dict(dropout=1.5), r"dropout: expected a float in \[0, 1\]"),
         (dict(dropout=-0.1), r"dropout: expected a float in \[0, 1\]"),
         (dict(backend="cudnn"), "backend: expected one of"),
+        (dict(proj_size=2), r"proj_size: expected 0 \(projections are not supported\), got 2"),
     ],
 )
 @pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
@@ -22,6 +23,29 @@ def test_bad_constructor_arguments(layer_class, kwargs, match):
     args = dict(input_size=3, hidden_size=4) | kwargs
     with pytest.raises(ValueError, match=match):
         layer_class(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(hidden_size=4.0), r"hidden_size: expected an int >= 1, got 4.0"),
+        (dict(num_layers="2"), r"num_layers: expected an int >= 1, got '2'"),
+        (dict(bias="yes"), r"bias: expected a bool, got 'yes'"),
+        (dict(bidirectional=2), r"bidirectional: expected a bool, got 2"),
+    ],
+)
+def test_constructor_arguments_of_the_wrong_type(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        FusedLSTM(**(dict(input_size=3, hidden_size=4) | kwargs))
+
+
+def test_constructor_accepts_what_torch_nn_accepts():
+    np = pytest.importorskip("numpy")
+    layer = FusedLSTM(np.int64(3), 4, num_layers=2, dropout=np.float32(0.25), proj_size=0, bias=1)
+    assert (layer.input_size, layer.dropout, layer.bias) == (3, 0.25, True)
+    assert type(layer.input_size) is int
+    with pytest.warns(UserWarning, match="dropout=0.2 has no effect with num_layers=1"):
+        FusedGRU(3, 4, dropout=0.2)
 
 
 @pytest.mark.parametrize(
@@ -85,3 +109,17 @@ def test_nan_in_one_sequence_leaves_other_rows_alone(layer_class):
     torch.testing.assert_close(dirty[:, keep], clean[:, keep], rtol=0, atol=0)
     (dirty[:, keep].sum()).backward()
     assert torch.isfinite(x_bad.grad[:, keep]).all()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
+def test_double_backward_raises_instead_of_giving_wrong_gradients(layer_class, backend, chunk_size):
+    """The backward is hand-written: a gradient of a gradient (e.g. a gradient penalty) must raise."""
+    if backend not in available_backends("cpu"):
+        pytest.skip(f"the {backend} backend is not available")
+    layer = layer_class(5, 7, backend=backend, checkpoint_chunk_size=chunk_size)
+    x = torch.randn(4, 2, 5, requires_grad=True)
+    (g,) = torch.autograd.grad(layer(x)[0].square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.square().sum().backward()

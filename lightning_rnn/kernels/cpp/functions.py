@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Callable
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..precision import Precision, autocast_off
@@ -65,7 +66,9 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
         return (dx, None, dh0, dc0)[: 2 + num_states] + (dw_ih, dw_hh, db_ih, db_hh, None)
 
     doc = f"One direction of one {cell.upper()} layer on the compiled kernels (see the module docstring)."
-    members = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc}
+    # once_differentiable: the backward is the extension's, not a graph of torch ops, so a
+    # double backward must raise rather than silently differentiate a partial graph.
+    members = {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(backward)), "__doc__": doc}
     return type(f"{cell.upper()}Function", (torch.autograd.Function,), members)
 
 
