@@ -87,3 +87,7 @@ class RNNDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._dataloader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """``Trainer.predict`` runs on the test split (in order)."""
+        return self._dataloader("test")

@@ -68,12 +68,20 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
     """
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        pairs = [(row["sequence"], row["label"]) for row in rows]
     elif path.suffix == ".csv":
         with path.open(newline="", encoding="utf-8") as f:
-            pairs = [([float(v) for v in row["sequence"].split()], row["label"]) for row in csv.DictReader(f)]
+            rows = list(csv.DictReader(f))
     else:
         raise ValueError(f"path: expected a .csv or .jsonl file, got {str(path)!r}")
+    for number, row in enumerate(rows, start=1):
+        missing = [key for key in ("sequence", "label") if key not in row]
+        if missing:
+            raise ValueError(f"path: row {number} of {path.name} has no {' or '.join(map(repr, missing))} "
+                             f"(expected the keys 'sequence' and 'label', got {sorted(row)})")
+    if path.suffix == ".csv":
+        pairs = [([float(v) for v in row["sequence"].split()], row["label"]) for row in rows]
+    else:
+        pairs = [(row["sequence"], row["label"]) for row in rows]
     sequences = []
     for line, (seq, _) in enumerate(pairs, start=1):
         tensor = torch.tensor(seq, dtype=torch.float32)

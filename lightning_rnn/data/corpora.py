@@ -71,7 +71,7 @@ def tiny_shakespeare_path(cache_dir: str | os.PathLike | None = None) -> Path:
             raise RuntimeError(
                 f"could not download tiny-shakespeare from {TINY_SHAKESPEARE_URL} ({err}). "
                 f"Offline? Download it elsewhere and pass data.path=/path/to/input.txt"
-            ) from err
+            ) from None  # the message carries the cause; the socket traceback would bury it
     return dest
 
 

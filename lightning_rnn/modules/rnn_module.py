@@ -220,12 +220,42 @@ class RNNModule(LightningModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluation_step(batch, "test")
 
+    def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0):
+        """``Trainer.predict``: the predictions of :meth:`forward` for ``batch["inputs"]``
+        (packed by ``batch["lengths"]`` where given), each sequence from a zero state."""
+        return self(batch["inputs"], lengths=batch.get("lengths"))[0]
+
+    # ----- checkpoints ------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The class, so that a task can restore a checkpoint without being told its model.
+        checkpoint["lightning_rnn_class"] = f"{type(self).__module__}.{type(self).__qualname__}"
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only: bool | None = False, **kwargs):
+        """Lightning's ``load_from_checkpoint`` with ``weights_only=False`` by default.
+
+        The hyperparameters in a checkpoint include the ``rnn``, ``optimizer`` and
+        ``scheduler`` factories (callables), which torch's ``weights_only`` loader refuses;
+        so, as with any pickle, load only checkpoints you trust.
+        """
+        return super().load_from_checkpoint(
+            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
+            weights_only=weights_only, **kwargs,
+        )
+
     # ----- optimization -----------------------------------------------------------
     def configure_optimizers(self):
         optimizer = self.hparams.optimizer(self.parameters())
         if self.hparams.scheduler is None:
             return optimizer
         scheduler = self.hparams.scheduler(optimizer)
+        if isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) and scheduler.T_max < 1:
+            raise ValueError(
+                f"scheduler: CosineAnnealingLR needs T_max >= 1 (scheduler steps), got {scheduler.T_max}; "
+                "on the command line T_max follows trainer.max_steps: set trainer.max_steps, or "
+                "model.scheduler.T_max for a run bounded by epochs"
+            )
         config = {"scheduler": scheduler, "interval": self.hparams.scheduler_interval}
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             config["monitor"] = "val/loss"

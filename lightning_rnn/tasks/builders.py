@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
 from ..data import RNNDataModule
@@ -23,13 +25,22 @@ def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
     return instantiate(cfg.model, **datamodule.model_kwargs())
 
 
-def load_model(cfg: DictConfig) -> LightningModule:
-    """The ``cfg.model._target_`` class restored from ``cfg.ckpt_path`` (checkpoints hold
-    the factories of the rnn and optimizer, so load only checkpoints you trust)."""
-    if not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file():
-        raise ValueError(f"ckpt_path: this task needs a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
+def check_checkpoint_file(cfg: DictConfig, required: bool) -> None:
+    """A ValueError naming ``ckpt_path`` when it is not an existing file (or, if not
+    ``required``, set but not a file)."""
+    if (required or cfg.ckpt_path) and (not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file()):
+        need = "this task needs" if required else "expected"
+        raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
                          f"(got {cfg.ckpt_path!r})")
-    model_class = get_class(cfg.model._target_)
+
+
+def load_model(cfg: DictConfig) -> LightningModule:
+    """The model saved in ``cfg.ckpt_path``: the class the checkpoint names (an RNNModule
+    stores it), else ``cfg.model._target_``. Checkpoints hold the factories of the rnn
+    and optimizer (pickled callables), so load only checkpoints you trust."""
+    check_checkpoint_file(cfg, required=True)
+    saved = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False).get("lightning_rnn_class")
+    model_class = get_class(saved or cfg.model._target_)
     return model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", weights_only=False)
 
 
@@ -46,6 +57,8 @@ def build_trainer(cfg: DictConfig) -> Trainer:
     the resolved config is logged as the run's hyperparameters."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
+    if not loggers:  # logger=none: nothing for a LearningRateMonitor to log to (Lightning refuses it)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:

@@ -98,3 +98,12 @@ def test_recipe_overrides_reach_the_constructor(tmp_path):
     assert (cfg.model.rnn.hidden_size, cfg.model.rnn.num_layers) == (512, 3)
     assert cfg.model.scheduler._target_ == "torch.optim.lr_scheduler.StepLR"
     assert cfg.data.corpus == "tiny_shakespeare"
+
+
+def test_char_file_needs_a_path(tmp_path):
+    """data=char_file on its own must not fall back to the embedded corpus."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    cfg = compose_config(tmp_path, ["data=char_file"])
+    with pytest.raises(MissingMandatoryValue, match="data.path"):
+        cfg.data.path

@@ -65,6 +65,36 @@ def test_train_then_test_then_sample_in_process(tmp_path, capsys):
     assert text.startswith("def ") and len(text) == 29
     assert capsys.readouterr().out == text + "\n"
 
+    # resume: the run continues from the checkpoint's step (and tests its best checkpoint after)
+    resumed = tmp_path / "resumed"
+    cfg = compose_config(resumed, [*common, *checkpoint_only, "trainer.max_steps=4", "trainer.val_check_interval=2",
+                                   "trainer.limit_val_batches=1", f"ckpt_path={ckpt}", "test_after_training=true",
+                                   "trainer.limit_test_batches=1"])
+    train.run(cfg)
+    steps = sorted(p.name for p in (resumed / "checkpoints").glob("step*.ckpt"))
+    assert steps == ["step000004.ckpt"]  # steps 3-4 only: 1-2 came from the checkpoint
+
+
+def test_train_with_logger_none_keeps_the_default_callbacks(tmp_path):
+    """The default callbacks include a LearningRateMonitor, which Lightning refuses without a logger."""
+    cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
+                                    "data.seq_len=8", "model.val_sample_length=0", "model.rnn.backend=reference",
+                                    "logger=none", "trainer.max_steps=1", "trainer.limit_val_batches=0"])
+    assert "learning_rate_monitor" in cfg.callbacks
+    train.run(cfg)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_sample_names_the_model_class_of_any_checkpoint(tmp_path):
+    """A classification checkpoint given to task=sample: the error says what it is, whatever cfg.model says."""
+    cfg = compose_config(tmp_path, ["experiment=classification", *SHRINK["classification"], "logger=none",
+                                    "model.rnn.backend=reference", "trainer.max_epochs=1"])
+    train.run(cfg)
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={ckpt}", *QUICK])  # the default model: char LM
+    with pytest.raises(TypeError, match="ckpt_path: SequenceClassifier has no sample"):
+        sample.run(cfg)
+
 
 def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
@@ -124,3 +154,10 @@ def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt):
     cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={'null' if ckpt is None else ckpt}", *QUICK])
     with pytest.raises(ValueError, match="ckpt_path: this task needs a checkpoint file"):
         sample.run(cfg)
+
+
+def test_train_checks_a_given_checkpoint_before_building_anything(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "build_datamodule", lambda cfg: pytest.fail("data built before the check"))
+    cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
+    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+        train.run(cfg)

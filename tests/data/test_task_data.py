@@ -83,6 +83,17 @@ def test_classification_reads_jsonl_and_csv(tmp_path):
         SequenceClassificationDataModule(path=str(bad)).setup()
 
 
+def test_classification_file_without_the_expected_columns(tmp_path):
+    csv_path = tmp_path / "data.csv"
+    csv_path.write_text("seq,label\n1 2,a\n")
+    with pytest.raises(ValueError, match=r"path: row 1 of data.csv has no 'sequence' \(expected the keys"):
+        SequenceClassificationDataModule(path=str(csv_path)).setup()
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text('{"sequence": [1, 2], "label": 0}\n{"sequence": [3]}\n')
+    with pytest.raises(ValueError, match="path: row 2 of data.jsonl has no 'label'"):
+        SequenceClassificationDataModule(path=str(jsonl)).setup()
+
+
 def test_forecasting_windows_standardized_and_chronological(tmp_path):
     csv_path = tmp_path / "series.csv"
     rows = [f"{t},{math.sin(t / 5):.6f},{t % 7}" for t in range(400)]

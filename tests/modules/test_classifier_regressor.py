@@ -52,6 +52,22 @@ def test_classifier_logs_accuracy():
     assert trainer.callback_metrics["val/acc"].item() == pytest.approx(expected)
 
 
+def test_predict_gives_each_batch_its_predictions(tmp_path):
+    model = classifier()
+    _, batch = variable_batch()
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader([batch]))
+    predicted = trainer.predict(model, batches_loader([batch, batch]))
+    with torch.no_grad():
+        expected, _ = model(batch["inputs"], lengths=batch["lengths"])
+    assert len(predicted) == 2 and predicted[0].shape == (3, 4)
+    torch.testing.assert_close(predicted[1], expected)
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    restored = SequenceClassifier.load_from_checkpoint(tmp_path / "model.ckpt").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch["inputs"], lengths=batch["lengths"])[0], expected)
+
+
 def test_regressor_learns_a_linear_readout():
     """Target: the sum of each sequence's first feature; a small GRU fits it quickly."""
     torch.manual_seed(0)

@@ -105,6 +105,14 @@ def test_schedulers_step_at_their_interval(interval, expected_lr):
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(expected_lr)
 
 
+def test_cosine_schedule_without_a_step_count_is_an_error():
+    """T_max follows trainer.max_steps on the command line: -1 in a run bounded by epochs."""
+    scheduler = functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=-1)
+    model = char_lm(scheduler=scheduler)
+    with pytest.raises(ValueError, match=r"scheduler: CosineAnnealingLR needs T_max >= 1 .*got -1"):
+        tiny_trainer(max_epochs=1).fit(model, batches_loader(token_batches(1)))
+
+
 def test_bf16_mixed_precision_trains_with_manual_optimization():
     model = char_lm(tbptt_steps=4)
     trainer = tiny_trainer(max_epochs=1, precision="bf16-mixed")
