@@ -94,6 +94,14 @@ class ForecastingDataModule(RNNDataModule):
         series = (series - train.mean(0)) / train.std(0).clamp_min(1e-8)
         parts = {"train": series[:n_train], "val": series[n_train : n_train + n_val],
                  "test": series[n_train + n_val :]}
+        need = self.input_len + self.horizon
+        for split, part in parts.items():
+            if len(part) < need:
+                raise ValueError(
+                    f"series: the {split} split has {len(part)} of {len(series)} steps, too few for one window of "
+                    f"input_len={self.input_len} + horizon={self.horizon}; use a longer series, a shorter window "
+                    f"or larger val_fraction/test_fraction (now {self.fractions[0]}/{self.fractions[1]})"
+                )
         return {split: ForecastWindows(part, self.input_len, self.horizon) for split, part in parts.items()}
 
     def model_kwargs(self) -> dict:

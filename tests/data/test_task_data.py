@@ -109,3 +109,9 @@ def test_forecasting_windows_standardized_and_chronological(tmp_path):
     assert torch.equal(item["targets"][0], train[23])
     with pytest.raises(ValueError, match="columns"):
         ForecastingDataModule(path=str(csv_path), columns=["missing"]).setup()
+
+
+def test_forecasting_split_too_short_names_the_split():
+    dm = ForecastingDataModule(num_steps=1000, input_len=96, horizon=24, val_fraction=0.05, test_fraction=0.1)
+    with pytest.raises(ValueError, match=r"series: the val split has 50 of 1000 steps, too few .* val_fraction"):
+        dm.setup()
