@@ -1,6 +1,7 @@
 """RNNModule: the LightningModule every recurrent model here derives from."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -25,6 +26,28 @@ def build_rnn(rnn: Callable[..., nn.Module], input_size: int) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise TypeError(f"rnn: the factory returned {type(module).__name__}, expected a torch.nn.Module")
     return module
+
+
+def _outermost_init_arguments(module: nn.Module, frame) -> set[str] | None:
+    """Names of the arguments ``type(module).__init__`` received (its **kwargs expanded),
+    found by walking up the chain of ``super().__init__`` calls from ``frame``; None when the
+    chain does not reach the class itself (e.g. a base ``__init__`` called without super())."""
+    found = None
+    while frame is not None and frame.f_code.co_name == "__init__":
+        local_vars = frame.f_locals
+        cls = local_vars.get("__class__")
+        params = inspect.signature(cls.__init__).parameters if cls is not None else None
+        if params is None or local_vars.get(next(iter(params))) is not module:
+            break
+        names = set()
+        for name, param in params.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                names.update(local_vars.get(name) or {})
+            elif param.kind is not inspect.Parameter.VAR_POSITIONAL:
+                names.add(name)
+        found = (cls, names - {next(iter(params))})
+        frame = frame.f_back
+    return found[1] if found is not None and found[0] is type(module) else None
 
 
 def rnn_output_size(rnn: nn.Module) -> int:
@@ -72,7 +95,8 @@ class RNNModule(LightningModule):
     """
 
     #: RNNModule arguments a subclass computes from its own (e.g. ``input_size`` from
-    #: ``embedding_dim``); left out of ``hparams`` so ``load_from_checkpoint`` works.
+    #: ``embedding_dim``); left out of ``hparams``. (Checkpoints need no such list: they
+    #: keep only what the subclass's own constructor received, see on_save_checkpoint.)
     derived_arguments: tuple[str, ...] = ()
 
     def __init__(
@@ -104,6 +128,9 @@ class RNNModule(LightningModule):
         if not callable(optimizer):
             raise TypeError(f"optimizer: expected a factory optimizer(params), got {optimizer!r}")
         self.save_hyperparameters(ignore=list(self.derived_arguments), logger=False)  # subclass's too
+        # What the most derived class's constructor itself was given: the checkpoint keeps only
+        # these, so load_from_checkpoint calls it as the user did (see on_save_checkpoint).
+        self._constructor_arguments = _outermost_init_arguments(self, inspect.currentframe())
         self.automatic_optimization = False
         self.rnn = build_rnn(rnn, input_size)
         self.input_layer: nn.Module = nn.Identity()
@@ -229,6 +256,12 @@ class RNNModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The class, so that a task can restore a checkpoint without being told its model.
         checkpoint["lightning_rnn_class"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        # Only the arguments the class itself takes: a value a subclass computes and passes
+        # to its base (input_size from its own sizes, a fixed pooling, ...) is computed again
+        # on loading, and passing it too would give "multiple values for argument".
+        hparams = checkpoint.get("hyper_parameters")
+        if hparams is not None and self._constructor_arguments is not None:
+            checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k in self._constructor_arguments}
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,

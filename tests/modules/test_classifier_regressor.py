@@ -97,3 +97,25 @@ def test_regressor_learns_a_linear_readout():
 def test_bad_arguments_are_named(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+class MeanPooledClassifier(SequenceClassifier):
+    """A user's subclass the obvious way: its own names, base arguments computed or fixed."""
+
+    def __init__(self, n_in: int, n_out: int, **kwargs):
+        super().__init__(input_size=n_in, num_classes=n_out, pooling="mean", **kwargs)
+
+
+def test_subclass_computing_base_arguments_restores_from_its_checkpoint(tmp_path):
+    model = MeanPooledClassifier(3, 4, rnn=rnn_factory(hidden_size=6), optimizer=adam()).eval()
+    _, batch = variable_batch()
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader([batch]))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    saved = torch.load(tmp_path / "model.ckpt", weights_only=False)["hyper_parameters"]
+    assert set(saved) == {"n_in", "n_out", "rnn", "optimizer"}  # not input_size, num_classes, pooling
+    restored = MeanPooledClassifier.load_from_checkpoint(tmp_path / "model.ckpt").eval()
+    assert restored.hparams.pooling == "mean" and restored.hparams.input_size == 3
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch["inputs"], lengths=batch["lengths"])[0],
+                                   model.eval()(batch["inputs"], lengths=batch["lengths"])[0])
