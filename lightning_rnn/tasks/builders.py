@@ -39,7 +39,8 @@ def load_model(cfg: DictConfig) -> LightningModule:
     stores it), else ``cfg.model._target_``. Checkpoints hold the factories of the rnn
     and optimizer (pickled callables), so load only checkpoints you trust."""
     check_checkpoint_file(cfg, required=True)
-    saved = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False).get("lightning_rnn_class")
+    # mmap: only the class name is read here; the tensors are loaded once, below
+    saved = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False, mmap=True).get("lightning_rnn_class")
     model_class = get_class(saved or cfg.model._target_)
     return model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", weights_only=False)
 
