@@ -210,7 +210,8 @@ class FusedRNNBase(nn.Module):
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
         self._check_input_matches_weights(batch.data)
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
-        backend = dispatch.resolve(self.backend, batch.data.device)
+        # An empty batch (B = 0) gives torch.nn's empty outputs; the kernels need rows.
+        backend = "torch" if batch.batch == 0 else dispatch.resolve(self.backend, batch.data.device)
         if backend == "torch":
             if self.checkpoint_chunk_size is not None and self.backend == "torch":
                 warnings.warn(
@@ -303,8 +304,8 @@ class FusedRNNBase(nn.Module):
         args = (self.flat_weights(), self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
         if batch.is_full:
             T = len(batch.batch_sizes)
-            out, *final = fn(batch.data.view(T, batch.batch, -1), hx, *args, False)
-            out = out.reshape(T * batch.batch, -1)
+            out, *final = fn(batch.data.view(T, batch.batch, batch.data.shape[-1]), hx, *args, False)
+            out = out.reshape(T * batch.batch, out.shape[-1])
         else:
             out, *final = fn(batch.data, batch.batch_sizes, hx, *args)
         return out, final

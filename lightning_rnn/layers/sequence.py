@@ -40,8 +40,8 @@ class SequenceBatch:
         if kind == "padded" and batch_first:
             x = x.transpose(0, 1)
         T, B = x.shape[0], x.shape[1]
-        if T == 0 or B == 0:
-            raise ValueError(f"input: expected at least one time step and one sequence, got shape {tuple(input.shape)}")
+        if T == 0:
+            raise ValueError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
         return cls(x.reshape(T * B, input_size), batch_sizes, None, None, kind, batch_first and kind == "padded")
 

@@ -227,6 +227,8 @@ class RNNModule(LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> None:
         state = self._initial_state("train", batch)
         for chunk in self.split_batch(batch):
+            if self._max_steps_reached():  # Lightning checks max_steps only between batches
+                break
             loss, _, state = self.shared_step(chunk, "train", state)
             self.manual_backward(loss / self.hparams.accumulate_grad_batches)
             state = detach_state(state)
@@ -293,6 +295,17 @@ class RNNModule(LightningModule):
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             config["monitor"] = "val/loss"
         return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def _max_steps_reached(self) -> bool:
+        """Whether the Trainer's ``max_steps`` optimizer steps have been taken.
+
+        With truncated BPTT one batch takes several steps; stopping between chunks keeps
+        a run at exactly ``max_steps`` (a cosine schedule with ``T_max = max_steps`` would
+        otherwise climb back up in the overshoot).
+        """
+        trainer = self._trainer
+        max_steps = -1 if trainer is None else trainer.max_steps
+        return max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps
 
     def _optimizer_step(self) -> None:
         """Clip, step, zero the gradients and step a per-step scheduler."""

@@ -81,3 +81,20 @@ def test_meta_device_gives_shapes(fused_class, torch_class):
     assert out.device.type == "meta" and out.shape == ref_out.shape
     states, ref_states = (state, ref_state) if isinstance(state, tuple) else ((state,), (ref_state,))
     assert [s.shape for s in states] == [s.shape for s in ref_states]
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+@pytest.mark.parametrize("checkpoint", [None, "sqrt"])
+def test_empty_batch_gives_torch_nn_empty_outputs(fused_class, torch_class, checkpoint):
+    theirs = torch_class(**CONFIG)
+    ours = fused_class.from_torch(theirs)
+    ours.checkpoint_chunk_size = checkpoint
+    x = torch.randn(0, 5, 3, requires_grad=True)  # batch_first: no sequences, 5 steps
+    out, state = ours(x)
+    ref_out, ref_state = theirs(x)
+    assert out.shape == ref_out.shape == (0, 5, 8)
+    states, ref_states = (state, ref_state) if isinstance(state, tuple) else ((state,), (ref_state,))
+    assert [s.shape for s in states] == [s.shape for s in ref_states] == [(4, 0, 4)] * len(states)
+    out.sum().backward()  # an empty loss still backpropagates, as with torch.nn
+    assert x.grad.shape == x.shape and ours.weight_hh_l0.grad is not None
+    assert ours.weight_hh_l0.grad.abs().sum() == 0

@@ -57,7 +57,7 @@ def test_constructor_accepts_what_torch_nn_accepts():
         (lambda: torch.ones(5, 2, 3, dtype=torch.long), TypeError, "input: expected a floating-point tensor"),
         (lambda: torch.randn(5, 2, 3, dtype=torch.float64), TypeError, "input: dtype torch.float64 does not match"),
         (lambda: [1.0, 2.0], TypeError, "input: expected a Tensor or PackedSequence"),
-        (lambda: torch.randn(0, 2, 3), ValueError, "input: expected at least one time step"),
+        (lambda: torch.randn(0, 2, 3), ValueError, "input: expected at least one time step, got shape \\(0, 2, 3\\)"),
     ],
 )
 @pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])

@@ -70,6 +70,17 @@ def test_tbptt_steps_once_per_chunk_and_stops_gradients_at_chunk_boundaries():
     assert carried_h.abs().sum() > 0 and not carried_h.requires_grad and not carried_c.requires_grad
 
 
+@pytest.mark.parametrize("max_steps", [3, 5])
+def test_tbptt_stops_at_max_steps_inside_a_batch(max_steps):
+    """Two chunks (steps) per batch: an odd max_steps ends in the middle of a batch."""
+    model = char_lm(tbptt_steps=4)
+    model.rnn = recorder = RecordStates(model.rnn)
+    trainer = tiny_trainer(max_steps=max_steps, limit_val_batches=0)
+    trainer.fit(model, batches_loader(token_batches(4)))
+    assert trainer.global_step == max_steps
+    assert len(recorder.initial_states) == max_steps  # no forward for a chunk that would not step
+
+
 def test_stateful_carries_state_across_batches_and_resets_each_epoch():
     model = char_lm(stateful=True)
     model.rnn = recorder = RecordStates(model.rnn)
