@@ -71,6 +71,12 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
     return names
 
 
+def _torch_func_active() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap, ...) is running."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active is not None and active())
+
+
 def resolve(backend: str, device: torch.device) -> str:
     """The concrete backend for ``backend`` on ``device``.
 
@@ -78,11 +84,14 @@ def resolve(backend: str, device: torch.device) -> str:
     :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
     and process) and moves on, ending at ``"reference"``. Named backends raise
     :class:`BackendUnavailable` instead of falling back. On the meta device (shape
-    inference, deferred initialization) every backend resolves to ``"torch"``.
+    inference, deferred initialization) and inside ``torch.func`` transforms every
+    backend resolves to ``"torch"``.
     """
     check_backend_name(backend)
     if torch.device(device).type == "meta":
         return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
+    if _torch_func_active():
+        return "torch"  # the kernels' autograd.Functions are not torch.func-transformable
     if backend != "auto":
         if backend in KERNEL_BACKENDS:
             load(backend)

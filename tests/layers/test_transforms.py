@@ -1,0 +1,75 @@
+"""Function transforms over the fused layers: torch.func (via torch.nn's path) and torch.compile."""
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from lightning_rnn import FusedGRU, FusedLSTM
+from lightning_rnn.kernels import dispatch
+
+PAIRS = [(FusedLSTM, nn.LSTM), (FusedGRU, nn.GRU)]
+
+
+def _loss(module):
+    return lambda params, x: functional_call(module, params, (x,))[0].pow(2).sum()
+
+
+@pytest.mark.parametrize("fused_class, torch_class", PAIRS)
+def test_torch_func_grad_matches_torch_nn(fused_class, torch_class):
+    torch.manual_seed(0)
+    theirs = torch_class(3, 4, num_layers=2, dtype=torch.float64)
+    ours = fused_class.from_torch(theirs)
+    x = torch.randn(6, 2, 3, dtype=torch.float64)
+    params = {k: v.detach() for k, v in ours.named_parameters()}
+    got = grad(_loss(ours))(params, x)
+    expected = grad(_loss(theirs))({k: v.detach() for k, v in theirs.named_parameters()}, x)
+    assert got.keys() == expected.keys()
+    for name in got:
+        torch.testing.assert_close(got[name], expected[name])
+
+
+@pytest.mark.parametrize("fused_class", [FusedLSTM, FusedGRU])
+def test_per_sample_gradients_with_vmap_of_grad(fused_class):
+    torch.manual_seed(0)
+    layer = fused_class(3, 4, dtype=torch.float64)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    xs = torch.randn(3, 5, 2, 3, dtype=torch.float64)  # 3 samples, each a (T, B, I) batch
+    per_sample = vmap(grad(_loss(layer)), in_dims=(None, 0))(params, xs)
+    for i in range(3):  # each against an ordinary backward on the default backend
+        layer.zero_grad()
+        layer(xs[i])[0].pow(2).sum().backward()
+        for name, p in layer.named_parameters():
+            torch.testing.assert_close(per_sample[name][i], p.grad)
+
+
+@pytest.fixture
+def resolved(monkeypatch):
+    """The backends the layers resolve to, in call order."""
+    seen = []
+    resolve = dispatch.resolve
+    monkeypatch.setattr(dispatch, "resolve", lambda *a: seen.append(resolve(*a)) or seen[-1])
+    return seen
+
+
+def test_kernels_run_outside_transforms_and_torch_nn_inside(resolved):
+    layer = FusedLSTM(3, 4, dtype=torch.float64)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    layer(x)
+    grad(_loss(layer))(params, x)
+    assert resolved[0] != "torch" and resolved[1] == "torch"
+
+
+@pytest.mark.parametrize("fused_class", [FusedLSTM, FusedGRU])
+def test_torch_compile_runs_the_kernels(fused_class, resolved):
+    torch.manual_seed(0)
+    layer = fused_class(3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    expected = layer(x)[0]
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    compiled = torch.compile(layer, backend="aot_eager")
+    out = compiled(x)[0]
+    (x_grad,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x_grad, expected_grad)
+    assert len(resolved) == 2 and "torch" not in resolved
