@@ -101,13 +101,15 @@ def _recast(args, dtype, weight_scale):
                          ids=["full", "packed", "packed_n568"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_float32_onednn_path_close_to_reference(cell, reverse, schedule):
+@pytest.mark.parametrize("I, H", [(200, 192), (256, 256), (64, 1024)], ids=["H192", "H256", "H1024"])
+def test_float32_onednn_path_close_to_reference(cell, reverse, schedule, I, H):
     """float32 at H >= 192, T >= 8: the CPU backend's per-step and projection GEMMs (and,
     with >= 512 rows, the weight-gradient GEMMs) run in oneDNN (csrc/rnn_gemm.h) where
-    torch has it. Against the float64 reference on the same values, its error must be of
-    the order of the float32 reference's own."""
+    torch has it; the backward's dx and weight-gradient GEMMs only at powers of two (H 256,
+    1024; at::mm at H 192), its per-step GEMM from H 1024. Against the float64 reference on
+    the same values, the error must be of the order of the float32 reference's own."""
     kernels = kernels_for("cpp")
-    base = make_args(cell, schedule, I=200, H=192, reverse=reverse)  # float64
+    base = make_args(cell, schedule, I=I, H=H, reverse=reverse)  # float64
     args32 = _recast(base, torch.float32, 0.1)  # weights ~ 0.05: gates not saturated
     args64 = tuple(a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
                    else a for a in args32)

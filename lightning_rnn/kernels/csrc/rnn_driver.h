@@ -232,9 +232,13 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const at::Tensor steps_dev = at::tensor(s.sizes).to(x_c.device());
   const at::Tensor offs_dev = at::tensor(s.offsets).to(x_c.device());
 
-  // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh. (oneDNN
-  // for this GEMM, packed or not, measured no faster than addmm_ here in the loop.)
-  const bool dh_direct = compute == state;
+  // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh, except at
+  // large H, where oneDNN with W_hh^T packed once beats addmm_ (see rnn_gemm.h); its fresh
+  // output is copied to dh_in and added in the next step's pointwise pass, as in mixed precision.
+  const bool dnnl_dh = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlBackwardMinDim &&
+                       worth_packing(s.T, kDnnlPackMinSteps);
+  const at::Tensor w_hh_tp = dnnl_dh ? DnnlGemm::pack(w_hh_c.narrow(0, 0, HG).t(), B) : at::Tensor();
+  const bool dh_direct = compute == state && !dnnl_dh;
 
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
@@ -251,7 +255,10 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
                          n, H};
       Dev::template backward_step<Cell, S, A>(step);
       const at::Tensor dG_h = dG.narrow(0, off, n).narrow(1, 0, HG);
-      if (dh_direct) {
+      const at::Tensor y = dnnl_dh ? DnnlGemm::linear(dG_h, w_hh_tp) : at::Tensor();
+      if (y.defined()) {
+        dh_in.narrow(0, 0, n).copy_(y);  // small (n x H): rows keep their last value, as with mm_out
+      } else if (dh_direct) {
         dh.narrow(0, 0, n).addmm_(dG_h, w_hh_c);
       } else {
         at::Tensor dh_in_n = dh_in.narrow(0, 0, n);

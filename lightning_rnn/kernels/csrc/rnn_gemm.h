@@ -10,6 +10,8 @@
 //   dG W_ih,  N=2500, H=512, plain strided weight: 88 ms vs 98 ms.
 //   dG^T x,   N=2500, H=512, as (x^T dG)^T: both operands transposed views, plus the
 //             transposed copy to the weight's layout (~3 ms): 92 + 3 ms vs 117 ms.
+// Those two unpacked-weight GEMMs are slow in oneDNN at sizes that are not powers of two
+// (dnnl_plain_weight_fast), which then use at::mm.
 // The ops are looked up in the dispatcher at run time (boxed calls, no link-time
 // dependency); where they are missing or fail, DnnlGemm::ok() turns false for the
 // process and the callers use at::mm. float32 only: oneDNN has no float64 matmul, and
@@ -168,6 +170,11 @@ class DnnlGemm {
 // Smallest K and N (in, out of the weight) for which oneDNN beats at::mm (measured
 // at H = 128: equal, H = 256: faster).
 constexpr int64_t kDnnlMinDim = 192;
+// Smallest H for which the backward's per-step dG_h W_hh runs in oneDNN with W_hh^T packed
+// once per call rather than in addmm_. Measured, 1 thread, B 50, 50 steps, oneDNN (+ packing)
+// / addmm_: H 512: 97 (+12) / 94 ms; 768: 268 (+21) / 263; 1024: 400 (+39) / 459; 1536:
+// 880 (+61) / 944; whole LSTM fwd+bwd at H 1024: 0.93x, GRU 0.90x.
+constexpr int64_t kDnnlBackwardMinDim = 1024;
 // Fewest steps for which packing W_hh once pays for the forward's per-step GEMM.
 constexpr int64_t kDnnlPackMinSteps = 8;
 
@@ -177,22 +184,38 @@ inline bool worth_packing(int64_t count, int64_t minimum) {
   return count >= minimum || WeightPacks::current() != nullptr;
 }
 
+// Whether oneDNN is fast with an unpacked (transposed-view) weight of these dimensions, as
+// the backward's dx and weight-gradient GEMMs use it: only at powers of two. Measured, 1
+// thread, 2500 rows, LSTM (weight 4H x H), ms oneDNN / MKL:
+//   weight gradient  H 256: 22 / 23   512: 81-92 / 81-105   1024: 309-329 / 316-376
+//                    H 384: 83 / 55   768: 519 / 213   1280: 1399 / 460   1536: 2069 / 668
+//   dx               H 256: 22 / 28   512: 93 / 100   1024: 363 / 376
+//                    H 384: 52 / 42   640: 156 / 148   768: 202 / 153
+// (Packed weights, as in the forward, showed no such dips.)
+inline bool dnnl_plain_weight_fast(int64_t rows, int64_t cols) {
+  const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  return pow2(rows) && pow2(cols);
+}
+
 // x (M, K) @ w^T for w (N, K) (any strides): oneDNN where usable and big enough, with the
-// weight packed first when `pack` and M is large enough to pay for the packing; else at::mm.
+// weight packed first when `pack` and M is large enough to pay for the packing (unpacked
+// only at the sizes where that is fast); else at::mm.
 inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack = true) {
   if (DnnlGemm::usable(x) && w.size(0) >= kDnnlMinDim && w.size(1) >= kDnnlMinDim && x.size(0) >= 64) {
-    at::Tensor wp = pack && worth_packing(x.size(0), 512) ? DnnlGemm::pack(w, x.size(0)) : w;
-    at::Tensor y = DnnlGemm::linear(x, wp);
-    if (y.defined()) return y;
+    const bool packed = pack && worth_packing(x.size(0), 512);
+    if (packed || dnnl_plain_weight_fast(w.size(0), w.size(1))) {
+      at::Tensor y = DnnlGemm::linear(x, packed ? DnnlGemm::pack(w, x.size(0)) : w);
+      if (y.defined()) return y;
+    }
   }
   return at::mm(x, w.t());
 }
 
 // The weight gradient dG^T x (out, in) for dG (M, out), x (M, in), summed over the M rows:
-// oneDNN as (x^T dG)^T where usable, big enough and dG is contiguous, else at::mm.
+// oneDNN as (x^T dG)^T where usable, big enough, at a fast size and dG is contiguous, else at::mm.
 inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
   if (DnnlGemm::usable(x) && dG.is_contiguous() && dG.size(1) >= kDnnlMinDim && x.size(1) >= kDnnlMinDim &&
-      x.size(0) >= 512) {
+      x.size(0) >= 512 && dnnl_plain_weight_fast(dG.size(1), x.size(1))) {
     at::Tensor y = DnnlGemm::linear(x.t(), dG.t());  // (in, out)
     if (y.defined()) return y.t().contiguous();
   }
