@@ -85,6 +85,7 @@ def checkpointing_vs_naive(
         "memory_naive_over_recompute_peak": naive / (ckpt + one_chunk),
         "time_checkpointed_over_plain": median["checkpointed"] / median["plain"],
         "seconds_plain": median["plain"],
+        "time_rounds": rounds,
     }
 
 

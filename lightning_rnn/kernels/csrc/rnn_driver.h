@@ -326,9 +326,13 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
     at::mm_out(hw_n, h.narrow(0, 0, s.sizes[t]), w_hh_t);
   }
   at::Tensor dG = at::zeros({s.N, 4 * H}, opt), dh = at::empty({s.B, H}, opt), hp = at::zeros({s.N, H}, opt);
+  const bool dnnl_dh = DnnlGemm::usable(x) && H >= kDnnlBackwardMinDim && s.T >= kDnnlPackMinSteps;
+  const at::Tensor w_hh_tp = dnnl_dh ? DnnlGemm::pack(w_hh.narrow(0, 0, HG).t(), s.B) : at::Tensor();
   for (int64_t t = s.T - 1; t >= 0; --t) {
+    const at::Tensor dG_h = dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG);
+    if (dnnl_dh && DnnlGemm::linear(dG_h, w_hh_tp).defined()) continue;
     at::Tensor dh_n = dh.narrow(0, 0, s.sizes[t]);
-    at::mm_out(dh_n, dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG), w_hh);
+    at::mm_out(dh_n, dG_h, w_hh);
   }
   for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
     const at::Tensor dGb = dG.narrow(1, g.col, g.width), w = w_ih.narrow(0, g.row, g.width);
