@@ -6,11 +6,18 @@ written when the package is built) or, in a source checkout, from the top-level 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from omegaconf.errors import MissingMandatoryValue
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# What the package raises for a bad setting (a checked argument, a missing file), and a
+# mandatory config value left unset: reported in one line rather than with a traceback.
+SETTING_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
 def config_dir() -> Path:
@@ -23,7 +30,25 @@ def run(cfg: DictConfig):
     """Run ``cfg.task`` (a partial of a task function) on ``cfg``; return its result
     (the optimized metric for ``train``, which Hydra sweepers minimize)."""
     task = instantiate(cfg.task)
-    return task(cfg)
+    try:
+        return task(cfg)
+    except Exception as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not is_setting_error(err):
+            raise
+        raise SystemExit(f"Error: {err}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+
+
+def is_setting_error(err: BaseException) -> bool:
+    """A mandatory config value left unset, or a setting error raised by this package's own
+    checks (the innermost frame is in ``lightning_rnn``), not by a library or a bug elsewhere."""
+    if isinstance(err, MissingMandatoryValue):
+        return True
+    if not isinstance(err, SETTING_ERRORS) or err.__traceback__ is None:
+        return False
+    tb = err.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
 
 
 def main() -> None:

@@ -7,8 +7,10 @@ import pytest
 import torch
 import yaml
 from cli_helpers import CONF, QUICK, compose_config
+from omegaconf import OmegaConf
 
-from lightning_rnn.cli import run
+from lightning_rnn.cli import is_setting_error, run
+from lightning_rnn.layers.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
@@ -161,3 +163,31 @@ def test_train_checks_a_given_checkpoint_before_building_anything(tmp_path, monk
     cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
     with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
         train.run(cfg)
+
+
+def test_a_setting_error_is_one_line_without_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
+    with pytest.raises(SystemExit) as exit_info:
+        run(cfg)
+    message = str(exit_info.value.code)
+    assert message.startswith("Error: ckpt_path: expected a checkpoint file") and "HYDRA_FULL_ERROR=1" in message
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the exception itself, for its traceback
+    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+        run(cfg)
+
+
+def _raise_here(error):
+    raise error
+
+
+@pytest.mark.parametrize("make_error, expected", [
+    (lambda: check_chunk_size(0), True),  # the package's own argument check
+    (lambda: _raise_here(ValueError("from a test module")), False),  # outside the package: keep the traceback
+    (lambda: _raise_here(RuntimeError("a kernel failure")), False),
+    (lambda: OmegaConf.create({"path": "???"}).path, True),  # a mandatory value left unset
+])
+def test_which_errors_are_setting_errors(make_error, expected):
+    with pytest.raises(Exception) as info:
+        make_error()
+    assert is_setting_error(info.value) is expected
