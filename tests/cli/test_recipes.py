@@ -165,7 +165,7 @@ def test_train_checks_a_given_checkpoint_before_building_anything(tmp_path, monk
         train.run(cfg)
 
 
-def test_a_setting_error_is_one_line_without_a_traceback(tmp_path, monkeypatch):
+def test_a_setting_error_ends_the_run_with_its_message_not_a_traceback(tmp_path, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
     with pytest.raises(SystemExit) as exit_info:

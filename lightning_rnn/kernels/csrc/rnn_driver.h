@@ -66,6 +66,14 @@ struct Layout<GruCell> {
   }
 };
 
+// W_hh's first HG rows, transposed and packed for the backward's per-step oneDNN GEMM
+// dG_h W_hh (float32, H >= kDnnlBackwardMinDim, enough steps); undefined where addmm_ runs it.
+inline at::Tensor backward_step_pack(const at::Tensor& w_hh, int64_t HG, int64_t T, int64_t B) {
+  const int64_t H = w_hh.size(1);
+  if (!DnnlGemm::usable(w_hh) || H < kDnnlBackwardMinDim || !worth_packing(T, kDnnlPackMinSteps)) return {};
+  return DnnlGemm::pack(w_hh.narrow(0, 0, HG).t(), B);
+}
+
 // ---- boundary checks ----------------------------------------------------------------
 inline void check_float(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK(t.defined(), name, ": expected a tensor, got None");
@@ -235,10 +243,8 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh, except at
   // large H, where oneDNN with W_hh^T packed once beats addmm_ (see rnn_gemm.h); its fresh
   // output is copied to dh_in and added in the next step's pointwise pass, as in mixed precision.
-  const bool dnnl_dh = compute == state && DnnlGemm::usable(x_c) && H >= kDnnlBackwardMinDim &&
-                       worth_packing(s.T, kDnnlPackMinSteps);
-  const at::Tensor w_hh_tp = dnnl_dh ? DnnlGemm::pack(w_hh_c.narrow(0, 0, HG).t(), B) : at::Tensor();
-  const bool dh_direct = compute == state && !dnnl_dh;
+  const at::Tensor w_hh_tp = compute == state ? backward_step_pack(w_hh_c, HG, s.T, B) : at::Tensor();
+  const bool dnnl_dh = w_hh_tp.defined(), dh_direct = compute == state && !dnnl_dh;
 
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
@@ -326,11 +332,10 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
     at::mm_out(hw_n, h.narrow(0, 0, s.sizes[t]), w_hh_t);
   }
   at::Tensor dG = at::zeros({s.N, 4 * H}, opt), dh = at::empty({s.B, H}, opt), hp = at::zeros({s.N, H}, opt);
-  const bool dnnl_dh = DnnlGemm::usable(x) && H >= kDnnlBackwardMinDim && s.T >= kDnnlPackMinSteps;
-  const at::Tensor w_hh_tp = dnnl_dh ? DnnlGemm::pack(w_hh.narrow(0, 0, HG).t(), s.B) : at::Tensor();
+  const at::Tensor w_hh_tp = backward_step_pack(w_hh, HG, s.T, s.B);
   for (int64_t t = s.T - 1; t >= 0; --t) {
     const at::Tensor dG_h = dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG);
-    if (dnnl_dh && DnnlGemm::linear(dG_h, w_hh_tp).defined()) continue;
+    if (w_hh_tp.defined() && DnnlGemm::linear(dG_h, w_hh_tp).defined()) continue;
     at::Tensor dh_n = dh.narrow(0, 0, s.sizes[t]);
     at::mm_out(dh_n, dG_h, w_hh);
   }
