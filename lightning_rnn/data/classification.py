@@ -78,10 +78,8 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
         if missing:
             raise ValueError(f"path: row {number} of {path.name} has no {' or '.join(map(repr, missing))} "
                              f"(expected the keys 'sequence' and 'label', got {sorted(row)})")
-    if path.suffix == ".csv":
-        pairs = [([float(v) for v in row["sequence"].split()], row["label"]) for row in rows]
-    else:
-        pairs = [(row["sequence"], row["label"]) for row in rows]
+    values = (lambda text: [float(v) for v in text.split()]) if path.suffix == ".csv" else (lambda seq: seq)
+    pairs = [(values(row["sequence"]), row["label"]) for row in rows]
     sequences = []
     for line, (seq, _) in enumerate(pairs, start=1):
         tensor = torch.tensor(seq, dtype=torch.float32)
