@@ -97,17 +97,22 @@ def _recast(args, dtype, weight_scale):
     return tuple(out)
 
 
-@pytest.mark.parametrize("schedule", [[6] * 9, [6, 6, 5, 5, 4, 3, 3, 2, 1], [48] * 6 + [40] * 4 + [30] * 4],
-                         ids=["full", "packed", "packed_n568"])
+@pytest.mark.parametrize(
+    "schedule",
+    [[6] * 9, [6, 6, 5, 5, 4, 3, 3, 2, 1], [13] * 4 + [7] * 4 + [1], [48] * 6 + [40] * 4 + [30] * 4, [72] * 5 + [66] * 4],
+    ids=["full", "packed", "packed_b13", "packed_n568", "wide"],
+)
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-@pytest.mark.parametrize("I, H", [(200, 192), (256, 256), (64, 1024)], ids=["H192", "H256", "H1024"])
-def test_float32_onednn_path_close_to_reference(cell, reverse, schedule, I, H):
-    """float32 at H >= 192, T >= 8: the CPU backend's per-step and projection GEMMs (and,
-    with >= 512 rows, the weight-gradient GEMMs) run in oneDNN (csrc/rnn_gemm.h) where
-    torch has it; the backward's dx and weight-gradient GEMMs only at powers of two (H 256,
-    1024; at::mm at H 192), its per-step GEMM from H 1024. Against the float64 reference on
-    the same values, the error must be of the order of the float32 reference's own."""
+@pytest.mark.parametrize("I, H", [(24, 20), (200, 192), (256, 256), (64, 1024)], ids=["H20", "H192", "H256", "H1024"])
+def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
+    """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
+    (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": tiles of 6,
+    5..1 rows; H 20 also a partial panel), and for wider steps in oneDNN (forward from
+    H 192, backward from H 1024) or at::mm. The projection (and, with >= 512 rows, the
+    weight-gradient) GEMMs run in oneDNN from H 192, the backward's dx and weight-gradient
+    GEMMs only at powers of two (H 256, 1024). Against the float64 reference on the same
+    values, the error must be of the order of the float32 reference's own."""
     kernels = kernels_for("cpp")
     base = make_args(cell, schedule, I=I, H=H, reverse=reverse)  # float64
     args32 = _recast(base, torch.float32, 0.1)  # weights ~ 0.05: gates not saturated

@@ -66,14 +66,6 @@ struct Layout<GruCell> {
   }
 };
 
-// W_hh's first HG rows, transposed and packed for the backward's per-step oneDNN GEMM
-// dG_h W_hh (float32, H >= kDnnlBackwardMinDim, enough steps); undefined where addmm_ runs it.
-inline at::Tensor backward_step_pack(const at::Tensor& w_hh, int64_t HG, int64_t T, int64_t B) {
-  const int64_t H = w_hh.size(1);
-  if (!DnnlGemm::usable(w_hh) || H < kDnnlBackwardMinDim || !worth_packing(T, kDnnlPackMinSteps)) return {};
-  return DnnlGemm::pack(w_hh.narrow(0, 0, HG).t(), B);
-}
-
 // ---- boundary checks ----------------------------------------------------------------
 inline void check_float(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK(t.defined(), name, ": expected a tensor, got None");
@@ -151,7 +143,7 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
   const auto copt = x.options().dtype(compute), sopt = x.options().dtype(state);
 
   at::Tensor x_c = x.to(compute).contiguous();
-  at::Tensor w_hh_t = w_hh.to(compute).t();                          // (H, G*H)
+  const at::Tensor w_hh_c = w_hh.to(compute);                        // (G*H, H)
   at::Tensor pre = proj_gemm(x_c, w_ih.to(compute));                 // (N, G*H)
   at::Tensor gates = Layout<Cell>::gates_buffer(pre);                // (N, 4H)
   auto [bias, b_hn] = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);  // (G*H), (H)
@@ -159,30 +151,24 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
   at::Tensor h_c = h0.to(compute).clone().contiguous();              // (B, H) GEMM input
   at::Tensor h = h0.to(state).clone().contiguous();                  // (B, H) GRU state
   at::Tensor c = c0 ? c0->to(state).clone().contiguous() : at::empty({z.B, H}, sopt);
-  // float32, H large enough, enough steps to pay for packing W_hh once: the per-step
-  // GEMM runs in oneDNN into a fresh (hot) hw, and the pointwise pass adds pre + hw
-  // (see rnn_gemm.h: faster than addmm_ into the cache-cold rows of pre).
-  const bool dnnl_step =
-      compute == state && DnnlGemm::usable(x_c) && H >= kDnnlMinDim && worth_packing(s.T, kDnnlPackMinSteps);
-  const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh.to(compute), z.B) : at::Tensor();
-  // LSTM in one precision, on a device that prefers it (Dev::kStepIntoPre): h W_hh^T is
-  // accumulated into pre in place (no hw buffer); otherwise the GEMM writes a hot hw buffer.
-  const bool hw_in_pre = Dev::kStepIntoPre && Cell::kHwInPre && compute == state && !dnnl_step;
-  at::Tensor hw = at::empty({hw_in_pre ? 0 : z.B, G * H}, copt);  // per-step GEMM (or oneDNN fallback)
+  // The per-step h W_hh^T (rnn_gemm.h: panels, oneDNN or ATen) writes a small hot buffer
+  // hw that the pointwise pass adds to pre (faster than addmm_ into the cache-cold rows of
+  // pre on CPU). LSTM in one precision on a device that prefers it (Dev::kStepIntoPre)
+  // with an ATen GEMM: h W_hh^T is accumulated into pre in place instead.
+  const StepGemm step_gemm = StepGemm::forward(w_hh_c, z.B, s.T);
+  const bool hw_in_pre =
+      Dev::kStepIntoPre && Cell::kHwInPre && compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
+  at::Tensor hw = at::empty({hw_in_pre ? 0 : z.B, G * H}, copt);
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     for (int64_t k = 0; k < s.T; ++k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t];
-      at::Tensor hw_step = dnnl_step ? DnnlGemm::linear(h_c.narrow(0, 0, n), w_hh_p) : at::Tensor();
-      const S* hw_ptr = nullptr;
-      if (hw_step.defined()) {
-        hw_ptr = ptr<S>(hw_step);
-      } else if (hw_in_pre) {
-        pre.narrow(0, off, n).addmm_(h_c.narrow(0, 0, n), w_hh_t);
+      at::Tensor hw_step;  // holds oneDNN's fresh result while the pointwise pass reads it
+      if (hw_in_pre) {
+        pre.narrow(0, off, n).addmm_(h_c.narrow(0, 0, n), step_gemm.plain());
       } else {
-        at::Tensor hw_n = hw.narrow(0, 0, n);
-        at::mm_out(hw_n, h_c.narrow(0, 0, n), w_hh_t);
-        hw_ptr = ptr<S>(hw);
+        hw_step = step_gemm.run(h_c.narrow(0, 0, n), hw.narrow(0, 0, n));
       }
+      const S* hw_ptr = hw_step.defined() ? ptr<S>(hw_step) : nullptr;
       FwdStep<S, A> step{ptr<S>(pre) + off * G * H, hw_ptr, ptr<A>(bias),
                          ptr<A>(b_hn), ptr<S>(gates) + off * 4 * H, ptr<A>(h), ptr<A>(c), ptr<S>(h_c),
                          ptr<S>(out) + off * H, n, H, G};
@@ -240,11 +226,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const at::Tensor steps_dev = at::tensor(s.sizes).to(x_c.device());
   const at::Tensor offs_dev = at::tensor(s.offsets).to(x_c.device());
 
-  // One precision: dh_{t-1} = carry + dG_h W_hh accumulates straight into dh, except at
-  // large H, where oneDNN with W_hh^T packed once beats addmm_ (see rnn_gemm.h); its fresh
-  // output is copied to dh_in and added in the next step's pointwise pass, as in mixed precision.
-  const at::Tensor w_hh_tp = compute == state ? backward_step_pack(w_hh_c, HG, s.T, B) : at::Tensor();
-  const bool dnnl_dh = w_hh_tp.defined(), dh_direct = compute == state && !dnnl_dh;
+  // The per-step dG_h W_hh (rnn_gemm.h): with an ATen GEMM in one precision, dh_{t-1} =
+  // carry + dG_h W_hh accumulates straight into dh (addmm_); otherwise the GEMM writes
+  // dh_in, added in the next step's pointwise pass.
+  const StepGemm step_gemm = StepGemm::backward(w_hh_c, HG, B, s.T);
+  const bool dh_direct = compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
 
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
@@ -261,14 +247,12 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
                          n, H};
       Dev::template backward_step<Cell, S, A>(step);
       const at::Tensor dG_h = dG.narrow(0, off, n).narrow(1, 0, HG);
-      const at::Tensor y = dnnl_dh ? DnnlGemm::linear(dG_h, w_hh_tp) : at::Tensor();
-      if (y.defined()) {
-        dh_in.narrow(0, 0, n).copy_(y);  // small (n x H): rows keep their last value, as with mm_out
-      } else if (dh_direct) {
-        dh.narrow(0, 0, n).addmm_(dG_h, w_hh_c);
+      if (dh_direct) {
+        dh.narrow(0, 0, n).addmm_(dG_h, step_gemm.plain());
       } else {
         at::Tensor dh_in_n = dh_in.narrow(0, 0, n);
-        at::mm_out(dh_in_n, dG_h, w_hh_c);
+        const at::Tensor y = step_gemm.run(dG_h, dh_in_n);
+        if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x H) result
       }
       m_in = n;
     }
@@ -323,21 +307,15 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   const int64_t H = w_hh.size(1), G = Cell::kProjGates, HG = Cell::kHiddenGrad * H;
   const auto opt = x.options();
   at::Tensor pre = proj_gemm(x, w_ih);
-  at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt), w_hh_t = w_hh.t();
-  const bool dnnl_step = DnnlGemm::usable(x) && H >= kDnnlMinDim && s.T >= kDnnlPackMinSteps;
-  const at::Tensor w_hh_p = dnnl_step ? DnnlGemm::pack(w_hh, s.B) : at::Tensor();
+  at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt);
+  const StepGemm forward_step = StepGemm::forward(w_hh, s.B, s.T);
   for (int64_t t = 0; t < s.T; ++t) {
-    if (dnnl_step && DnnlGemm::linear(h.narrow(0, 0, s.sizes[t]), w_hh_p).defined()) continue;
-    at::Tensor hw_n = hw.narrow(0, 0, s.sizes[t]);
-    at::mm_out(hw_n, h.narrow(0, 0, s.sizes[t]), w_hh_t);
+    forward_step.run(h.narrow(0, 0, s.sizes[t]), hw.narrow(0, 0, s.sizes[t]));
   }
   at::Tensor dG = at::zeros({s.N, 4 * H}, opt), dh = at::empty({s.B, H}, opt), hp = at::zeros({s.N, H}, opt);
-  const at::Tensor w_hh_tp = backward_step_pack(w_hh, HG, s.T, s.B);
+  const StepGemm backward_step = StepGemm::backward(w_hh, HG, s.B, s.T);
   for (int64_t t = s.T - 1; t >= 0; --t) {
-    const at::Tensor dG_h = dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG);
-    if (w_hh_tp.defined() && DnnlGemm::linear(dG_h, w_hh_tp).defined()) continue;
-    at::Tensor dh_n = dh.narrow(0, 0, s.sizes[t]);
-    at::mm_out(dh_n, dG_h, w_hh);
+    backward_step.run(dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG), dh.narrow(0, 0, s.sizes[t]));
   }
   for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
     const at::Tensor dGb = dG.narrow(1, g.col, g.width), w = w_ih.narrow(0, g.row, g.width);

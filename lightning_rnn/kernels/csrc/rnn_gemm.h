@@ -5,7 +5,8 @@
 // mkldnn::_reorder_linear_weight) is measurably faster on this project's CPUs, 1 thread:
 //   per step  h W_hh^T, B=50, H=512, packed W_hh:  2.1 ms vs 3.2 ms for addmm_ into the
 //             (cache-cold) rows of pre, 2.3 ms for mm into a hot buffer; H=256: 0.48 vs
-//             0.56 ms; equal at H=128 and slower at H=64 (call overhead);
+//             0.56 ms; equal at H=128 and slower at H=64 (call overhead). Steps of up
+//             to 64 rows run faster still on panels (rnn_panels.h, StepGemm below);
 //   x W_ih^T, N=2500, H=512, packed:               80 ms (+3 ms packing) vs 105 ms;
 //   dG W_ih,  N=2500, H=512, plain strided weight: 88 ms vs 98 ms.
 //   dG^T x,   N=2500, H=512, as (x^T dG)^T: both operands transposed views, plus the
@@ -27,6 +28,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "rnn_panels.h"
 
 namespace lrnn {
 
@@ -70,15 +73,16 @@ class WeightPacks {
   // same view (storage, offset, sizes, strides) at the same version. Tensors, not
   // TensorImpls, are compared: the backward of a checkpointed chunk sees new detached
   // views of the saved weights, which share storage and version counter.
+  // `kind` tells apart the layouts one view is packed into (oneDNN's, panels).
   template <class Pack>
-  at::Tensor get(const at::Tensor& w, Pack pack) {
+  at::Tensor get(const at::Tensor& w, int kind, Pack pack) {
     std::lock_guard<std::mutex> lock(m_);
     const int64_t version = w._version();
     for (const Entry& e : entries_) {
-      if (e.version == version && same_view(e.source, w)) return e.packed;
+      if (e.kind == kind && e.version == version && same_view(e.source, w)) return e.packed;
     }
     at::Tensor packed = pack(w);
-    entries_.push_back({w, version, packed});
+    entries_.push_back({w, kind, version, packed});
     return packed;
   }
 
@@ -90,6 +94,7 @@ class WeightPacks {
   }
   struct Entry {
     at::Tensor source;
+    int kind;
     int64_t version;
     at::Tensor packed;
   };
@@ -100,6 +105,7 @@ class WeightPacks {
 
 class DnnlGemm {
  public:
+  static constexpr int kKind = 0;  // WeightPacks kind
   // Whether the oneDNN path may be used for tensors like t (float32 on CPU, op present,
   // not disabled with LIGHTNING_RNN_NO_DNNL=1, no earlier failure).
   static bool usable(const at::Tensor& t) {
@@ -120,7 +126,7 @@ class DnnlGemm {
   // Inside an active WeightPacks store, a weight packed before is not packed again.
   static at::Tensor pack(const at::Tensor& w, int64_t rows) {
     if (WeightPacks* store = WeightPacks::current()) {
-      return store->get(w, [rows](const at::Tensor& v) { return pack_now(v, rows); });
+      return store->get(w, kKind, [rows](const at::Tensor& v) { return pack_now(v, rows); });
     }
     return pack_now(w, rows);
   }
@@ -170,12 +176,13 @@ class DnnlGemm {
 // Smallest K and N (in, out of the weight) for which oneDNN beats at::mm (measured
 // at H = 128: equal, H = 256: faster).
 constexpr int64_t kDnnlMinDim = 192;
-// Smallest H for which the backward's per-step dG_h W_hh runs in oneDNN with W_hh^T packed
-// once per call rather than in addmm_. Measured, 1 thread, B 50, 50 steps, oneDNN (+ packing)
+// Smallest H for which the backward's per-step dG_h W_hh of steps wider than the panels
+// take (kPanelMaxRows) runs in oneDNN with W_hh^T packed once per call rather than in
+// addmm_. Measured, 1 thread, B 50 (before the panels), 50 steps, oneDNN (+ packing)
 // / addmm_: H 512: 97 (+12) / 94 ms; 768: 268 (+21) / 263; 1024: 400 (+39) / 459; 1536:
 // 880 (+61) / 944; whole LSTM fwd+bwd at H 1024: 0.93x, GRU 0.90x.
 constexpr int64_t kDnnlBackwardMinDim = 1024;
-// Fewest steps for which packing W_hh once pays for the forward's per-step GEMM.
+// Fewest steps for which packing W_hh once (for oneDNN or into panels) pays for itself.
 constexpr int64_t kDnnlPackMinSteps = 8;
 
 // Whether a weight for `steps` steps (or `rows` rows) is worth packing: always when an
@@ -221,5 +228,66 @@ inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
   }
   return at::mm(dG.t(), x);
 }
+
+// The recurrent GEMM of one step, y (n, N) = a (n, K) M, with M prepared once per call for
+// the fastest path at the call's sizes: panels (rnn_panels.h) for steps of up to
+// kPanelMaxRows rows, else oneDNN with M packed where that pays, else ATen. Inside an
+// active WeightPacks store, M is prepared once per pass over the chunks.
+class StepGemm {
+ public:
+  enum class Kind { kAten, kDnnl, kPanels };
+
+  // Forward: h W_hh^T, M = w_hh^T for w_hh (G*H, H) in the compute dtype.
+  static StepGemm forward(const at::Tensor& w_hh, int64_t B, int64_t T) {
+    const at::Tensor m = w_hh.t();
+    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return panels(m);
+    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlMinDim && worth_packing(T, kDnnlPackMinSteps)) {
+      return {Kind::kDnnl, m, DnnlGemm::pack(w_hh, B)};
+    }
+    return {Kind::kAten, m, m};
+  }
+
+  // Backward: dG_h W_hh, M = the first HG rows of w_hh (G*H, H) in the compute dtype.
+  static StepGemm backward(const at::Tensor& w_hh, int64_t HG, int64_t B, int64_t T) {
+    const at::Tensor m = w_hh.narrow(0, 0, HG);
+    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return panels(m);
+    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlBackwardMinDim && worth_packing(T, kDnnlPackMinSteps)) {
+      return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
+    }
+    return {Kind::kAten, m, m};
+  }
+
+  Kind kind() const { return kind_; }
+  const at::Tensor& plain() const { return plain_; }  // M (K, N) as a view
+
+  // y = a M: written into `out` (n, N), except by oneDNN, which returns a fresh tensor.
+  at::Tensor run(const at::Tensor& a, at::Tensor out) const {
+    if (kind_ == Kind::kPanels) {
+      PanelGemm::run(a, prepared_, plain_.size(1), out);
+      return out;
+    }
+    if (kind_ == Kind::kDnnl) {
+      at::Tensor y = DnnlGemm::linear(a, prepared_);
+      if (y.defined()) return y;
+    }
+    return at::mm_out(out, a, plain_);
+  }
+
+ private:
+  static constexpr int kPanelKind = 1;  // WeightPacks kind
+
+  StepGemm(Kind kind, at::Tensor plain, at::Tensor prepared)
+      : kind_(kind), plain_(std::move(plain)), prepared_(std::move(prepared)) {}
+
+  static StepGemm panels(const at::Tensor& m) {
+    WeightPacks* store = WeightPacks::current();
+    at::Tensor p = store ? store->get(m, kPanelKind, [](const at::Tensor& v) { return PanelGemm::pack(v); })
+                         : PanelGemm::pack(m);
+    return {Kind::kPanels, m, p};
+  }
+
+  Kind kind_;
+  at::Tensor plain_, prepared_;
+};
 
 }  // namespace lrnn
