@@ -104,15 +104,19 @@ def _recast(args, dtype, weight_scale):
 )
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-@pytest.mark.parametrize("I, H", [(24, 20), (200, 192), (256, 256), (64, 1024)], ids=["H20", "H192", "H256", "H1024"])
+@pytest.mark.parametrize(
+    "I, H", [(24, 20), (128, 128), (200, 192), (256, 256), (64, 1024)], ids=["H20", "H128", "H192", "H256", "H1024"]
+)
 def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
     """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
     (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": tiles of 6,
     5..1 rows; H 20 also a partial panel), and for wider steps in oneDNN (forward from
-    H 192, backward from H 1024) or at::mm. The projection (and, with >= 512 rows, the
-    weight-gradient) GEMMs run in oneDNN from H 192, the backward's dx and weight-gradient
-    GEMMs only at powers of two (H 256, 1024). Against the float64 reference on the same
-    values, the error must be of the order of the float32 reference's own."""
+    H 192, backward from H 1024) or at::mm. The projection runs in oneDNN with W_ih packed
+    from H 128 (at H 20 in at::mm), the backward's dx on panels of W_ih up to 1024 dG
+    columns (H 20-256; the GRU's first block too) and in oneDNN or at::mm beyond, the
+    weight-gradient GEMMs in oneDNN only at powers of two with >= 512 rows. Against the
+    float64 reference on the same values, the error must be of the order of the float32
+    reference's own."""
     kernels = kernels_for("cpp")
     base = make_args(cell, schedule, I=I, H=H, reverse=reverse)  # float64
     args32 = _recast(base, torch.float32, 0.1)  # weights ~ 0.05: gates not saturated

@@ -269,8 +269,7 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
         if (dx.defined()) {
           dx.addmm_(dGb, w);
         } else {
-          // contiguous dG block (LSTM): oneDNN with the plain, transposed-view weight
-          dx = dGb.is_contiguous() ? proj_gemm(dGb, w.t(), /*pack=*/false) : at::mm(dGb, w);
+          dx = input_grad_gemm(dGb, w);
         }
       }
       if (needs[3]) {
@@ -319,11 +318,7 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   }
   for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
     const at::Tensor dGb = dG.narrow(1, g.col, g.width), w = w_ih.narrow(0, g.row, g.width);
-    if (dGb.is_contiguous()) {
-      proj_gemm(dGb, w.t(), /*pack=*/false);
-    } else {
-      at::mm(dGb, w);
-    }
+    input_grad_gemm(dGb, w);
     wgrad_gemm(dGb, x);
   }
   wgrad_gemm(dG.narrow(1, 0, HG), hp);

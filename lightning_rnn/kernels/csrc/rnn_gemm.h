@@ -204,13 +204,23 @@ inline bool dnnl_plain_weight_fast(int64_t rows, int64_t cols) {
   return pow2(rows) && pow2(cols);
 }
 
+// Smallest dimensions of a weight that the projection x W^T (M >= 512 rows) runs in
+// oneDNN packed. Measured, 1 thread, 2500 rows, W_ih (4H x H), ms packed / at::mm:
+// H 32: 0.49 / 0.73, 64: 1.75 / 2.46, 128: 6.07 / 7.72, 256: 20.1 / 21.5, 512: 82 / 96.
+// Inside a layer (fwd + bwd, B 50, T 50, interleaved) it paid at H 128 (LSTM 50.2 -> 48.3
+// ms, GRU 33.5 -> 31.9) but not at H 64 (LSTM even, GRU 13.2 -> 13.9 ms).
+constexpr int64_t kDnnlPackedMinDim = 128;
+
 // x (M, K) @ w^T for w (N, K) (any strides): oneDNN where usable and big enough, with the
 // weight packed first when `pack` and M is large enough to pay for the packing (unpacked
 // only at the sizes where that is fast); else at::mm.
 inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack = true) {
-  if (DnnlGemm::usable(x) && w.size(0) >= kDnnlMinDim && w.size(1) >= kDnnlMinDim && x.size(0) >= 64) {
-    const bool packed = pack && worth_packing(x.size(0), 512);
-    if (packed || dnnl_plain_weight_fast(w.size(0), w.size(1))) {
+  if (DnnlGemm::usable(x) && x.size(0) >= 64) {
+    const bool packed = pack && worth_packing(x.size(0), 512) && w.size(0) >= kDnnlPackedMinDim &&
+                        w.size(1) >= kDnnlPackedMinDim;
+    const bool plain = w.size(0) >= kDnnlMinDim && w.size(1) >= kDnnlMinDim &&
+                       dnnl_plain_weight_fast(w.size(0), w.size(1));
+    if (packed || plain) {
       at::Tensor y = DnnlGemm::linear(x, packed ? DnnlGemm::pack(w, x.size(0)) : w);
       if (y.defined()) return y;
     }
@@ -229,6 +239,32 @@ inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
   return at::mm(dG.t(), x);
 }
 
+// M (K, N) copied into panels (rnn_panels.h), once per pass inside an active WeightPacks store.
+inline at::Tensor panels_of(const at::Tensor& m) {
+  constexpr int kPanelKind = 1;  // WeightPacks kind (oneDNN's is DnnlGemm::kKind)
+  WeightPacks* store = WeightPacks::current();
+  return store ? store->get(m, kPanelKind, [](const at::Tensor& v) { return PanelGemm::pack(v); })
+               : PanelGemm::pack(m);
+}
+
+// Deepest dG block (K = its columns) for which the input gradient dG W_ih runs on panels.
+// Measured, 1 thread, 2500 rows, W_ih (4H x H), ms panels / at::mm / oneDNN with the
+// unpacked weight (fast at powers of two only): H 32: 0.40 / 0.51 / 0.46, 64: 1.40 / 1.93,
+// 128: 5.98 / 8.13, 256: 22.3 / 25.4 / 22, 512 (K 2048): 92.5 / 94.9 / 86.9. Inside a
+// layer at H 128: LSTM 50.2 -> 48.8 ms, GRU 33.5 -> 32.8; at H 64 and 256 within the noise.
+constexpr int64_t kPanelMaxDepth = 1024;
+
+// The input gradient dG (M, K) @ w (K, I) for a dG block with unit column stride: panels
+// where K is small enough, else oneDNN (contiguous dG, fast sizes) or at::mm.
+inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w) {
+  if (PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth && dG.stride(1) == 1) {
+    at::Tensor y = at::empty({dG.size(0), w.size(1)}, dG.options());
+    PanelGemm::run(dG, panels_of(w), w.size(1), y);
+    return y;
+  }
+  return dG.is_contiguous() ? proj_gemm(dG, w.t(), /*pack=*/false) : at::mm(dG, w);
+}
+
 // The recurrent GEMM of one step, y (n, N) = a (n, K) M, with M prepared once per call for
 // the fastest path at the call's sizes: panels (rnn_panels.h) for steps of up to
 // kPanelMaxRows rows, else oneDNN with M packed where that pays, else ATen. Inside an
@@ -240,7 +276,7 @@ class StepGemm {
   // Forward: h W_hh^T, M = w_hh^T for w_hh (G*H, H) in the compute dtype.
   static StepGemm forward(const at::Tensor& w_hh, int64_t B, int64_t T) {
     const at::Tensor m = w_hh.t();
-    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return panels(m);
+    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return {Kind::kPanels, m, panels_of(m)};
     if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlMinDim && worth_packing(T, kDnnlPackMinSteps)) {
       return {Kind::kDnnl, m, DnnlGemm::pack(w_hh, B)};
     }
@@ -250,7 +286,7 @@ class StepGemm {
   // Backward: dG_h W_hh, M = the first HG rows of w_hh (G*H, H) in the compute dtype.
   static StepGemm backward(const at::Tensor& w_hh, int64_t HG, int64_t B, int64_t T) {
     const at::Tensor m = w_hh.narrow(0, 0, HG);
-    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return panels(m);
+    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return {Kind::kPanels, m, panels_of(m)};
     if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlBackwardMinDim && worth_packing(T, kDnnlPackMinSteps)) {
       return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
     }
@@ -274,17 +310,8 @@ class StepGemm {
   }
 
  private:
-  static constexpr int kPanelKind = 1;  // WeightPacks kind
-
   StepGemm(Kind kind, at::Tensor plain, at::Tensor prepared)
       : kind_(kind), plain_(std::move(plain)), prepared_(std::move(prepared)) {}
-
-  static StepGemm panels(const at::Tensor& m) {
-    WeightPacks* store = WeightPacks::current();
-    at::Tensor p = store ? store->get(m, kPanelKind, [](const at::Tensor& v) { return PanelGemm::pack(v); })
-                         : PanelGemm::pack(m);
-    return {Kind::kPanels, m, p};
-  }
 
   Kind kind_;
   at::Tensor plain_, prepared_;

@@ -34,15 +34,18 @@ class PanelGemm {
  public:
   static constexpr int64_t kWidth = 16;  // columns per panel: two 8-float vectors
 
-  // Whether panels serve a step GEMM with up to `rows` rows and operands like t (CPU
-  // float32, not disabled with LIGHTNING_RNN_NO_PANELS=1).
-  static bool usable(const at::Tensor& t, int64_t rows) {
+  // Whether panels can take operands like t: CPU float32, not disabled with
+  // LIGHTNING_RNN_NO_PANELS=1.
+  static bool supports(const at::Tensor& t) {
     static const bool enabled = [] {
       const char* env = std::getenv("LIGHTNING_RNN_NO_PANELS");
       return !(env && env[0] && env[0] != '0');
     }();
-    return enabled && t.device().is_cpu() && t.scalar_type() == at::kFloat && rows <= kPanelMaxRows;
+    return enabled && t.device().is_cpu() && t.scalar_type() == at::kFloat;
   }
+
+  // Whether panels serve a step GEMM with up to `rows` rows and operands like t.
+  static bool usable(const at::Tensor& t, int64_t rows) { return supports(t) && rows <= kPanelMaxRows; }
 
   // M (K, N), any strides -> panels (ceil(N / 16), K, 16), the last zero-padded.
   static at::Tensor pack(const at::Tensor& m) {
