@@ -1,5 +1,6 @@
-// A small-row GEMM for the per-step recurrent products on CPU, float32:
-// y (n, N) = a (n, K) M for n up to kPanelMaxRows rows and a weight M reused every step.
+// A GEMM on CPU, float32, y (n, N) = a (n, K) M with M copied into panels, for the
+// per-step recurrent products (n up to kPanelMaxRows rows, M reused every step) and for
+// the backward's input gradient dG W_ih at small K (rnn_gemm.h: input_grad_gemm).
 //
 // M is copied once per call into panels of 16 columns, (P, K, 16) row-major, so that one
 // panel is a contiguous K x 64-byte strip. For each panel the kernel keeps a tile of up
