@@ -34,6 +34,7 @@ constexpr int64_t kPanelMaxRows = 64;
 class PanelGemm {
  public:
   static constexpr int64_t kWidth = 16;  // columns per panel: two 8-float vectors
+  static constexpr int64_t kTileRows = 6;  // rows per register tile: 12 accumulators
 
   // Whether panels can take operands like t: CPU float32, not disabled with
   // LIGHTNING_RNN_NO_PANELS=1.
@@ -65,13 +66,13 @@ class PanelGemm {
     const float* M = panels.data_ptr<float>();
     float* Y = y.data_ptr<float>();
     const int64_t lda = a.stride(0), ldy = y.stride(0);
-    // ~16K multiply-adds per panel and row: hand panels to threads in groups worth a hand-off
+    // hand panels to threads in groups of at least ~64K multiply-adds (K x 16 x n per panel)
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * kWidth * n));
     at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t cols = std::min<int64_t>(kWidth, N - p * kWidth);
-        for (int64_t r0 = 0; r0 < n; r0 += 6) {
-          tile_rows(std::min<int64_t>(6, n - r0), A + r0 * lda, lda, M + p * K * kWidth, K,
+        for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+          tile_rows(std::min<int64_t>(kTileRows, n - r0), A + r0 * lda, lda, M + p * K * kWidth, K,
                     Y + r0 * ldy + p * kWidth, ldy, cols);
         }
       }
@@ -84,7 +85,7 @@ class PanelGemm {
   static void tile_rows(int64_t rows, const float* a, int64_t lda, const float* panel, int64_t K, float* y,
                         int64_t ldy, int64_t cols) {
     switch (rows) {
-      case 6: return tile<6>(a, lda, panel, K, y, ldy, cols);
+      case kTileRows: return tile<kTileRows>(a, lda, panel, K, y, ldy, cols);
       case 5: return tile<5>(a, lda, panel, K, y, ldy, cols);
       case 4: return tile<4>(a, lda, panel, K, y, ldy, cols);
       case 3: return tile<3>(a, lda, panel, K, y, ldy, cols);
