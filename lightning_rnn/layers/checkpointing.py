@@ -20,9 +20,10 @@ un-checkpointed layer (gradients up to float summation order).
 Packed weights: a compiled CPU backend packs W_ih and W_hh for oneDNN once per kernel
 call, which at chunks of a few steps costs about what the packed GEMMs save. The
 backend's ``weight_packs()`` store (where it has one) is active while the chunks run
-forward and while each is recomputed in backward, so each weight is packed once per
-pass; the store is emptied at the end of each pass. It holds one packed copy of the
-weights of the chunked layers (their size again), not activations.
+forward and while each is recomputed and backpropagated in backward, so each weight is
+packed once per pass into each layout the pass uses; the store is emptied at the end of
+each pass. It holds packed copies of the chunked layers' weights (in backward up to two
+per weight: the forward's and the backward's layouts), not activations.
 
 Packed layout (see :mod:`lightning_rnn.kernels.steps`): a chunk is a range of steps
 ``[t0, t1)``, i.e. the rows ``offsets[t0] : offsets[t1]`` with ``batch_sizes[t0:t1]``.
@@ -135,12 +136,13 @@ class RecomputedChunk(torch.autograd.Function):
             for t, need in zip(ctx.saved_tensors, needs)
         ]
         device_type, enabled, dtype = ctx.autocast
-        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled), ctx.packs:
-            outputs = ctx.run(*inputs)
+        with ctx.packs:  # the chunk's backward reuses the packed weights too
+            with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+                outputs = ctx.run(*inputs)
+            pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
+            wrt = [t for t in inputs if t is not None and t.requires_grad]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
         ctx.packs.chunk_done()
-        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
-        wrt = [t for t in inputs if t is not None and t.requires_grad]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
         return (None, None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
 
 
