@@ -33,7 +33,7 @@ def _fwd_bwd(layer, x):
 
 
 def checkpointing_vs_naive(
-    hidden: int = 512, layers: int = 3, batch: int = 50, seq: int = 50, chunk_size="sqrt", rounds: int = 9,
+    hidden: int = 512, layers: int = 3, batch: int = 50, seq: int = 50, chunk_size="sqrt", rounds: int = 15,
     backend: str = "auto", threads: int | None = 1,
 ) -> dict:
     """Saved bytes: checkpointed FusedLSTM vs CellLoop vs plain FusedLSTM; time: checkpointed / plain.

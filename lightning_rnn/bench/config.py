@@ -215,6 +215,7 @@ class BenchConfig:
     checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: the layer's "sqrt"
     rounds: int = 9  # timed rounds; each implementation runs once per round
     warmup: int = 2  # untimed rounds first
+    min_seconds: float = 0.0  # more timed rounds than `rounds` until a point's rounds took this long
     threads: int | None = None  # torch.set_num_threads for the whole run; None: all cores
     device: str = "cpu"
     seed: int = 0
@@ -231,6 +232,10 @@ class BenchConfig:
         self.checkpoint_chunk_size = _optional_int("bench.checkpoint_chunk_size", self.checkpoint_chunk_size)
         self.rounds = _int("bench.rounds", self.rounds)
         self.warmup = _int("bench.warmup", self.warmup, minimum=0)
+        seconds = self.min_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"bench.min_seconds: expected a number >= 0, got {self.min_seconds!r}")
+        self.min_seconds = float(self.min_seconds)
         self.threads = _optional_int("bench.threads", self.threads)
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"bench.device: expected 'cpu' or 'cuda[:index]', got {self.device!r}")

@@ -33,7 +33,7 @@ def run_grid(
             cell, layers, hidden, section.input_size or hidden, section.batch, section.seq_len, device=cfg.device
         )
         subjects = build_subjects(workload, implementations, checkpoint_chunk_size=cfg.checkpoint_chunk_size)
-        measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device)
+        measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device, cfg.min_seconds)
         table.rows.append(point_row(point_params(workload, subjects), measured, ratios))
         log(f"[{name}] {cell} layers={layers} hidden={hidden}: " + summarize(table.rows[-1]))
     return table

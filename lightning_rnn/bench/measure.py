@@ -1,6 +1,6 @@
 """Measuring a set of subjects side by side, and turning the result into one table row.
 
-Columns of a row: the point's parameters, then per implementation ``<impl>_ms`` (median
+Columns of a row: the point's parameters and ``rounds`` (timed rounds run), then per implementation ``<impl>_ms`` (median
 fwd+bwd milliseconds), ``<impl>_bytes`` (activation bytes saved for backward by one
 forward) and, on CUDA, ``<impl>_peak_bytes`` (torch.cuda.max_memory_allocated over one
 fwd+bwd, above what was allocated before); then the ratios, ``time_<a>/<b>`` and
@@ -23,16 +23,19 @@ class Measured:
     time_s: float | None  # median seconds per fwd+bwd
     saved_bytes: int | None  # activation memory of one forward
     peak_bytes: int | None  # CUDA only: peak allocated during one fwd+bwd, above the baseline
+    rounds: int = 0  # timed rounds behind time_s
 
 
-def measure(subjects: Mapping[str, Subject], rounds: int, warmup: int, device: str) -> dict[str, Measured]:
-    """Activation memory of each subject, then interleaved fwd+bwd medians."""
+def measure(
+    subjects: Mapping[str, Subject], rounds: int, warmup: int, device: str, min_seconds: float = 0.0
+) -> dict[str, Measured]:
+    """Activation memory of each subject, then interleaved fwd+bwd medians (see :func:`interleave`)."""
     on_cuda = torch.device(device).type == "cuda"
     saved = {name: s.saved_bytes() if s.saved_bytes else None for name, s in subjects.items()}
     peaks = {name: _cuda_peak(s) if on_cuda else None for name, s in subjects.items()}
     sync = torch.cuda.synchronize if on_cuda else None
-    timings = interleave({name: s.step for name, s in subjects.items()}, rounds, warmup, sync)
-    return {name: Measured(timings.median(name), saved[name], peaks[name]) for name in subjects}
+    timings = interleave({name: s.step for name, s in subjects.items()}, rounds, warmup, sync, min_seconds)
+    return {name: Measured(timings.median(name), saved[name], peaks[name], timings.rounds) for name in subjects}
 
 
 def _cuda_peak(subject: Subject) -> int:
@@ -90,6 +93,7 @@ def standard_ratios(implementations: Sequence[str]) -> list[Ratio]:
 def point_row(params: Mapping[str, object], measured: Mapping[str, Measured], ratios: Iterable[Ratio]) -> dict:
     """One flat table row: parameters, per-implementation figures, ratios."""
     row = dict(params)
+    row["rounds"] = max((m.rounds for m in measured.values()), default=0)
     for name, m in measured.items():
         row[f"{name}_ms"] = None if m.time_s is None else m.time_s * 1e3
         if m.saved_bytes is not None:

@@ -25,7 +25,7 @@ def run_scaling(section: ScalingConfig, cfg: BenchConfig, *, log: Callable[[str]
         torch.manual_seed(cfg.seed)
         workload = Workload(cell, section.layers, hidden, hidden, section.batch, seq_len, device=cfg.device)
         subjects = build_subjects(workload, implementations, checkpoint_chunk_size=cfg.checkpoint_chunk_size)
-        measured = measure(subjects, section.rounds, section.warmup, cfg.device)
+        measured = measure(subjects, section.rounds, section.warmup, cfg.device, cfg.min_seconds)
         row = point_row(point_params(workload, subjects), measured, ratios)
         for name, m in measured.items():
             row[f"{name}_us_per_token"] = m.time_s * 1e6 / workload.tokens

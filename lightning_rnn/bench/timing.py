@@ -32,15 +32,24 @@ class Timings:
     def medians(self) -> dict[str, float]:
         return {name: self.median(name) for name in self.samples}
 
+    @property
+    def rounds(self) -> int:
+        """Timed rounds run (every implementation once per round)."""
+        return min(len(v) for v in self.samples.values())
+
 
 def interleave(
     fns: Mapping[str, Callable[[], object]],
     rounds: int,
     warmup: int = 1,
     sync: Callable[[], None] | None = None,
+    min_seconds: float = 0.0,
 ) -> Timings:
     """Time each callable ``rounds`` times, interleaved, after ``warmup`` untimed rounds.
 
+    With ``min_seconds`` > 0, timed rounds go on past ``rounds`` until they have taken
+    that long in all, so a fast workload gets as many samples as its time allows (a
+    median of 5 rounds of a few milliseconds each swings with the machine's load).
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before and after every timed
     call, so asynchronous devices are timed to completion.
     """
@@ -48,6 +57,8 @@ def interleave(
         raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
     if warmup < 0:
         raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float)) or not min_seconds >= 0:
+        raise ValueError(f"min_seconds: expected a number >= 0, got {min_seconds!r}")
     names = list(fns)
     if not names:
         raise ValueError("fns: expected at least one callable to time")
@@ -60,7 +71,8 @@ def interleave(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside one timed call would bill it to that implementation
     try:
-        for r in range(rounds):
+        r, elapsed = 0, 0.0
+        while r < rounds or elapsed < min_seconds:
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
                 sync()
@@ -68,6 +80,8 @@ def interleave(
                 fns[name]()
                 sync()
                 samples[name].append(time.perf_counter() - start)
+                elapsed += samples[name][-1]
+            r += 1
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -49,7 +49,7 @@ def run_varlen(section: VarlenConfig, cfg: BenchConfig, *, log: Callable[[str], 
         for workload, suffix in ((packed, "packed"), (padded, "padded")):
             for impl, subject in build_subjects(workload, implementations).items():
                 subjects[f"{impl}.{suffix}"] = subject
-        measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device)
+        measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device, cfg.min_seconds)
         params = point_params(packed, subjects) | {"fill": fill}
         table.rows.append(point_row(params, measured, ratios))
         log(f"[varlen] {cell} layers={layers} hidden={hidden}: " + summarize(table.rows[-1]))

@@ -34,6 +34,8 @@ def test_presets_load_and_override(preset):
         ({"varlen": {"fill": 1.5}}, "bench.varlen.fill"),
         ({"scaling": {"seq_lens": []}}, "bench.scaling.seq_lens"),
         ({"rounds": 0}, "bench.rounds"),
+        ({"min_seconds": -1}, "bench.min_seconds"),
+        ({"min_seconds": "10s"}, "bench.min_seconds"),
         ({"threads": "all"}, "bench.threads"),
         ({"device": "tpu"}, "bench.device"),
         ({"table": "html"}, "bench.table"),

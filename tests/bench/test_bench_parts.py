@@ -20,6 +20,20 @@ def test_interleave_rotates_the_order_and_keeps_every_sample():
     assert timings.ratio("a", "a") == 1.0
 
 
+def test_interleave_adds_rounds_until_min_seconds(monkeypatch):
+    import lightning_rnn.bench.timing as timing
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: 0.5 * next(ticks))  # every call: 0.5 s
+    fns = {"a": lambda: None, "b": lambda: None}
+    assert interleave(fns, rounds=2, warmup=0).rounds == 2
+    timings = interleave(fns, rounds=2, warmup=1, min_seconds=4.0)  # 1 s of timed calls per round
+    assert timings.rounds == 4 and all(len(s) == 4 for s in timings.samples.values())
+    assert interleave(fns, rounds=6, warmup=0, min_seconds=1.0).rounds == 6  # rounds is the minimum
+    with pytest.raises(ValueError, match="^min_seconds:"):
+        interleave(fns, rounds=1, min_seconds=-1.0)
+
+
 @pytest.mark.parametrize("cell, gates", [("lstm", 4), ("gru", 3)])
 @pytest.mark.parametrize("batch_sizes", [[3] * 4, [3, 3, 2, 1]])
 def test_gemm_only_does_exactly_the_layer_gemms(cell, gates, batch_sizes):
