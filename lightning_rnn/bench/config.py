@@ -234,8 +234,8 @@ class BenchConfig:
         self.warmup = _int("bench.warmup", self.warmup, minimum=0)
         seconds = self.min_seconds
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"bench.min_seconds: expected a number >= 0, got {self.min_seconds!r}")
-        self.min_seconds = float(self.min_seconds)
+            raise ValueError(f"bench.min_seconds: expected a number >= 0, got {seconds!r}")
+        self.min_seconds = float(seconds)
         self.threads = _optional_int("bench.threads", self.threads)
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"bench.device: expected 'cpu' or 'cuda[:index]', got {self.device!r}")

@@ -130,11 +130,16 @@ def environment(cfg: BenchConfig, threads: int) -> list[str]:
         f"oneDNN (mkldnn) enabled: {torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled} "
         "(if so, torch.nn's CPU LSTM/GRU run oneDNN's fused RNN with pre-packed weights, which can beat "
         "'gemm', the same GEMMs through torch.mm)",
-        f"timing: median of {cfg.rounds} interleaved rounds"
-        + (f" or more, until a point's timed rounds took {cfg.min_seconds:g} s (column 'rounds')," if cfg.min_seconds else "")
-        + f" after {cfg.warmup} warm-up rounds (scaling: its own rounds); memory: bytes saved for backward by one forward",
+        f"timing: median of {cfg.rounds} interleaved rounds{_more_rounds(cfg)} after {cfg.warmup} warm-up rounds "
+        "(scaling: its own rounds); memory: bytes saved for backward by one forward",
     ]
     return lines
+
+
+def _more_rounds(cfg: BenchConfig) -> str:
+    if not cfg.min_seconds:
+        return ""
+    return f" or more, until a point's timed rounds took {cfg.min_seconds:g} s (column 'rounds'),"
 
 
 def _device_name(device: str) -> str:

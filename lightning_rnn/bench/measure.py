@@ -1,10 +1,10 @@
 """Measuring a set of subjects side by side, and turning the result into one table row.
 
-Columns of a row: the point's parameters and ``rounds`` (timed rounds run), then per implementation ``<impl>_ms`` (median
-fwd+bwd milliseconds), ``<impl>_bytes`` (activation bytes saved for backward by one
-forward) and, on CUDA, ``<impl>_peak_bytes`` (torch.cuda.max_memory_allocated over one
-fwd+bwd, above what was allocated before); then the ratios, ``time_<a>/<b>`` and
-``mem_<a>/<b>`` (below 1: ``a`` is faster / smaller).
+Columns of a row: the point's parameters and ``rounds`` (timed rounds run), then per
+implementation ``<impl>_ms`` (median fwd+bwd milliseconds), ``<impl>_bytes`` (activation
+bytes saved for backward by one forward) and, on CUDA, ``<impl>_peak_bytes``
+(torch.cuda.max_memory_allocated over one fwd+bwd, above what was allocated before); then
+the ratios, ``time_<a>/<b>`` and ``mem_<a>/<b>`` (below 1: ``a`` is faster / smaller).
 """
 from __future__ import annotations
 
