@@ -7,9 +7,9 @@
 // to 6 rows x 16 columns of y in 12 vector registers and walks k: per k, two vector loads
 // of the panel, one broadcast of a[r][k] per row, two FMAs per row. M is read once per
 // 6-row tile from a strip that stays in L1/L2, a in place (any row stride). A tile of a
-// whole panel is stored with two vector stores per row; going through a stack copy and a
-// memcpy of `cols` floats (as the last, partial panel does) made the whole GEMM 8-23 %
-// slower at n 50, K 64-512 (interleaved, 1 thread), and a layer's fwd + bwd 2-5 %.
+// whole panel is stored with two vector stores per row, which takes the whole GEMM 8-23 %
+// less time at n 50, K 64-512 (interleaved, 1 thread; a layer's fwd + bwd 2-5 % less) than
+// going through a stack copy and a memcpy of `cols` floats, as the last, partial panel does.
 //
 // Per step, h W_hh^T (forward) and dG_h W_hh (backward), 1 thread, microseconds,
 // these panels / oneDNN with W_hh packed / at::mm:
