@@ -277,22 +277,12 @@ class StepGemm {
 
   // Forward: h W_hh^T, M = w_hh^T for w_hh (G*H, H) in the compute dtype.
   static StepGemm forward(const at::Tensor& w_hh, int64_t B, int64_t T) {
-    const at::Tensor m = w_hh.t();
-    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return {Kind::kPanels, m, panels_of(m)};
-    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlMinDim && worth_packing(T, kDnnlPackMinSteps)) {
-      return {Kind::kDnnl, m, DnnlGemm::pack(w_hh, B)};
-    }
-    return {Kind::kAten, m, m};
+    return prepare(w_hh, w_hh.t(), kDnnlMinDim, B, T);
   }
 
   // Backward: dG_h W_hh, M = the first HG rows of w_hh (G*H, H) in the compute dtype.
   static StepGemm backward(const at::Tensor& w_hh, int64_t HG, int64_t B, int64_t T) {
-    const at::Tensor m = w_hh.narrow(0, 0, HG);
-    if (PanelGemm::usable(w_hh, B) && worth_packing(T, kDnnlPackMinSteps)) return {Kind::kPanels, m, panels_of(m)};
-    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= kDnnlBackwardMinDim && worth_packing(T, kDnnlPackMinSteps)) {
-      return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
-    }
-    return {Kind::kAten, m, m};
+    return prepare(w_hh, w_hh.narrow(0, 0, HG), kDnnlBackwardMinDim, B, T);
   }
 
   Kind kind() const { return kind_; }
@@ -312,6 +302,15 @@ class StepGemm {
   }
 
  private:
+  // M (K, N) for T steps of up to B rows: panels, else oneDNN (M^T packed) from hidden
+  // size dnnl_min_h, else ATen; packing only where T steps pay for it (or a store is active).
+  static StepGemm prepare(const at::Tensor& w_hh, const at::Tensor& m, int64_t dnnl_min_h, int64_t B, int64_t T) {
+    if (!worth_packing(T, kDnnlPackMinSteps)) return {Kind::kAten, m, m};
+    if (PanelGemm::usable(w_hh, B)) return {Kind::kPanels, m, panels_of(m)};
+    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
+    return {Kind::kAten, m, m};
+  }
+
   StepGemm(Kind kind, at::Tensor plain, at::Tensor prepared)
       : kind_(kind), plain_(std::move(plain)), prepared_(std::move(prepared)) {}
 
