@@ -18,6 +18,11 @@ Shapes (packed time-major, see :mod:`lightning_rnn.kernels.steps`):
     b_ih, b_hh (G*H,) or None
     out      (N, H)
 Saved gates: LSTM (N, 4H) = activated [i, f, g, o]; GRU (N, 4H) = [r, z, n, W_hn h + b_hn].
+
+LSTM with a projection (torch.nn.LSTM's ``proj_size = P``): ``w_hr (P, H)`` maps
+``o * tanh(c_t)`` to ``h_t = (o * tanh(c_t)) W_hr^T``, so h0, h_n and out have P columns
+and ``w_hh`` is ``(4H, P)``; c0 and c_n keep H. Nothing more is saved: ``o * tanh(c_t)``
+is rebuilt from the gates and the rebuilt c_t, ``h_t`` from it by one GEMM over all rows.
 """
 from __future__ import annotations
 
@@ -64,19 +69,20 @@ def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 class LSTMFunction(torch.autograd.Function):
-    """One direction of one LSTM layer. Returns ``(out, h_n, c_n)``."""
+    """One direction of one LSTM layer, optionally projected (``w_hr``). Returns ``(out, h_n, c_n)``."""
 
     @staticmethod
-    def forward(ctx, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
+    def forward(ctx, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
         steps = Steps.from_batch_sizes(batch_sizes, reverse)
         p = Precision.for_call(x, w_ih)
-        H = w_hh.shape[1]
+        H, P = c0.shape[1], h0.shape[1]
         with autocast_off(x.device):
             x_c, w_hh_c = x.to(p.compute), w_hh.to(p.compute)
+            w_hr_c = None if w_hr is None else w_hr.to(p.compute)
             bias = None if b_ih is None else (b_ih + b_hh).to(p.state)
             gates = _project_input(x_c, w_ih.to(p.compute), bias, p.state)  # (N, 4H)
-            out = x.new_empty(steps.num_rows, H, dtype=p.compute)
-            h, c = h0.to(p.state).clone(), c0.to(p.state).clone()  # (B, H)
+            out = x.new_empty(steps.num_rows, P, dtype=p.compute)
+            h, c = h0.to(p.state).clone(), c0.to(p.state).clone()  # (B, P), (B, H)
             for t in steps.order():
                 rows, n = steps.rows(t), steps.batch_sizes[t]
                 g = gates[rows]  # (n, 4H)
@@ -86,19 +92,19 @@ class LSTMFunction(torch.autograd.Function):
                 g[:, 3 * H :].sigmoid_()
                 i, f, gg, o = g.chunk(4, 1)
                 c[:n].mul_(f).addcmul_(i, gg)
-                h[:n] = o * c[:n].tanh()
+                h[:n] = _project(o * c[:n].tanh(), w_hr_c, p)
                 out[rows] = h[:n]
         ctx.steps, ctx.precision = steps, p
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        ctx.save_for_backward(x_c, gates.to(p.compute), h0, c0, w_ih, w_hh)
+        ctx.save_for_backward(x_c, gates.to(p.compute), h0, c0, w_ih, w_hh, w_hr)
         return out, h.to(p.compute), c
 
     @staticmethod
     @once_differentiable  # hand-written backward: no double backward
     def backward(ctx, d_out, d_hn, d_cn):
-        x_c, gates_c, h0, c0, w_ih, w_hh = ctx.saved_tensors
+        x_c, gates_c, h0, c0, w_ih, w_hh, w_hr = ctx.saved_tensors
         steps, p = ctx.steps, ctx.precision
-        H = w_hh.shape[1]
+        H = c0.shape[1]
         with autocast_off(x_c.device):
             gates = gates_c.to(p.state)
             i_all, f_all, g_all, o_all = gates.chunk(4, 1)
@@ -109,7 +115,9 @@ class LSTMFunction(torch.autograd.Function):
             c_prev = gather_prev(c0.to(p.state), c_all, prev)
 
             w_hh_c = w_hh.to(p.compute)
+            w_hr_c = None if w_hr is None else w_hr.to(p.compute)
             dG = torch.empty_like(gates)  # (N, 4H) gradients of the gate pre-activations
+            dH = None if w_hr is None else d_out.new_empty(d_out.shape, dtype=p.state)  # (N, P) dL/dh_t
             dh, dc = d_hn.to(p.state).clone(), d_cn.to(p.state).clone()
             d_out = d_out.to(p.state)
             for t in reversed(steps.order()):
@@ -117,6 +125,9 @@ class LSTMFunction(torch.autograd.Function):
                 i, f, g, o = gates[rows].chunk(4, 1)
                 dh_t, dc_t, tc = dh[:n], dc[:n], tanh_c[rows]
                 dh_t += d_out[rows]
+                if w_hr is not None:  # back through h_t = r_t W_hr^T to r_t = o * tanh(c_t)
+                    dH[rows] = dh_t
+                    dh_t = torch.mm(dh_t.to(p.compute), w_hr_c).to(p.state)
                 dc_t += dh_t * o * _tanh_grad(tc)
                 D = dG[rows]
                 D[:, :H] = dc_t * g * _sigmoid_grad(i)
@@ -130,14 +141,23 @@ class LSTMFunction(torch.autograd.Function):
             need = ctx.needs_input_grad
             dx = torch.mm(dG_c, w_ih.to(p.compute)).to(x_c.dtype) if need[0] else None
             dw_ih = torch.mm(dG_c.t(), x_c).to(w_ih.dtype) if need[4] else None
-            dw_hh = None
+            r_all = o_all * tanh_c  # (N, H): o * tanh(c_t), the cell's output before any projection
+            dw_hh = dw_hr = None
             if need[5]:
-                h_prev = gather_prev(h0.to(p.state), o_all * tanh_c, prev).to(p.compute)
+                h_all = _project(r_all, w_hr_c, p)
+                h_prev = gather_prev(h0.to(p.state), h_all, prev).to(p.compute)
                 dw_hh = torch.mm(dG_c.t(), h_prev).to(w_hh.dtype)
+            if w_hr is not None and need[9]:
+                dw_hr = torch.mm(dH.to(p.compute).t(), r_all.to(p.compute)).to(w_hr.dtype)
             db = dG.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
         dh0 = dh.to(h0.dtype) if need[2] else None
         dc0 = dc.to(c0.dtype) if need[3] else None
-        return dx, None, dh0, dc0, dw_ih, dw_hh, db, db, None
+        return dx, None, dh0, dc0, dw_ih, dw_hh, db, db, None, dw_hr
+
+
+def _project(r: torch.Tensor, w_hr_c: torch.Tensor | None, p: Precision) -> torch.Tensor:
+    """h = r W_hr^T (GEMM in the compute dtype, result in the state dtype); r itself without a projection."""
+    return r if w_hr_c is None else torch.mm(r.to(p.compute), w_hr_c.t()).to(p.state)
 
 
 class GRUFunction(torch.autograd.Function):
@@ -234,8 +254,8 @@ class GRUFunction(torch.autograd.Function):
         return dx, None, dh0, dw_ih, dw_hh, db_ih, db_hh, None
 
 
-def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
-    return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse)
+def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
+    return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
 
 
 def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):

@@ -7,13 +7,15 @@ from .recurrent import CellSpec, FusedRNNBase
 
 
 class FusedLSTM(FusedRNNBase):
-    """Drop-in replacement for :class:`torch.nn.LSTM` (no ``proj_size``).
+    """Drop-in replacement for :class:`torch.nn.LSTM`.
 
     Gates ``i, f, g, o`` as in torch.nn; ``forward(input, (h_0, c_0)=None)`` returns
-    ``(output, (h_n, c_n))``. The state dict uses torch.nn's key names and shapes.
+    ``(output, (h_n, c_n))``. The state dict uses torch.nn's key names and shapes. With
+    ``proj_size = P > 0`` each layer's ``h_t = (o * tanh(c_t)) W_hr^T`` has P columns
+    (``weight_hr_l{k}``, shape (P, H)): output and h_n have P per direction, c_n keeps H.
     """
 
-    cell = CellSpec(name="lstm", num_gates=4, num_states=2, torch_class=nn.LSTM)
+    cell = CellSpec(name="lstm", num_gates=4, num_states=2, torch_class=nn.LSTM, projects=True)
 
 
 class FusedGRU(FusedRNNBase):

@@ -35,9 +35,12 @@ class CellSpec:
     num_gates: int
     num_states: int  # 2 for (h, c), 1 for h
     torch_class: type
+    projects: bool = False  # accepts proj_size > 0 (torch.nn: LSTM only)
 
 
-_CONFIG_KEYS = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional")
+_CONFIG_KEYS = (
+    "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional", "proj_size"
+)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -92,29 +95,39 @@ class FusedRNNBase(nn.Module):
         self.bias = _check_flag("bias", bias)
         self.batch_first = _check_flag("batch_first", batch_first)
         self.bidirectional = _check_flag("bidirectional", bidirectional)
-        if proj_size != 0:
-            raise ValueError(f"proj_size: expected 0 (projections are not supported), got {proj_size!r}")
+        self.proj_size = _check_int("proj_size", proj_size, 0)
+        if self.proj_size and not self.cell.projects:
+            raise ValueError(f"proj_size: only FusedLSTM has a projection (as in torch.nn), got {proj_size!r}")
+        if self.proj_size >= self.hidden_size:
+            raise ValueError(f"proj_size: expected an int < hidden_size={self.hidden_size}, got {proj_size!r}")
         self.backend = dispatch.check_backend_name(backend)
         # Gradient checkpointing over time (None = off, an int, or "sqrt" = ceil(sqrt(T)) per
         # call); a plain attribute so callbacks can switch it. See layers/checkpointing.py.
         self.checkpoint_chunk_size = checkpointing.check_chunk_size(checkpoint_chunk_size)
         factory = {"device": device, "dtype": dtype}
-        G, H = self.cell.num_gates, hidden_size
+        G, H, P = self.cell.num_gates, hidden_size, self.output_size
         for layer in range(num_layers):
-            layer_input = input_size if layer == 0 else H * self.num_directions
+            layer_input = input_size if layer == 0 else P * self.num_directions
             for direction in range(self.num_directions):
                 sfx = self._suffix(layer, direction)
                 self.register_parameter(f"weight_ih{sfx}", nn.Parameter(torch.empty(G * H, layer_input, **factory)))
-                self.register_parameter(f"weight_hh{sfx}", nn.Parameter(torch.empty(G * H, H, **factory)))
+                self.register_parameter(f"weight_hh{sfx}", nn.Parameter(torch.empty(G * H, P, **factory)))
                 if self.bias:
                     self.register_parameter(f"bias_ih{sfx}", nn.Parameter(torch.empty(G * H, **factory)))
                     self.register_parameter(f"bias_hh{sfx}", nn.Parameter(torch.empty(G * H, **factory)))
+                if self.proj_size:
+                    self.register_parameter(f"weight_hr{sfx}", nn.Parameter(torch.empty(P, H, **factory)))
         self.reset_parameters()
 
     # ----- parameters -------------------------------------------------------------
     @property
     def num_directions(self) -> int:
         return 2 if self.bidirectional else 1
+
+    @property
+    def output_size(self) -> int:
+        """Columns of h (and of each direction's output): ``proj_size`` if set, else ``hidden_size``."""
+        return self.proj_size or self.hidden_size
 
     @staticmethod
     def _suffix(layer: int, direction: int) -> str:
@@ -127,10 +140,12 @@ class FusedRNNBase(nn.Module):
             nn.init.uniform_(p, -bound, bound)
 
     def layer_weights(self, layer: int, direction: int) -> tuple:
-        """(w_ih, w_hh, b_ih, b_hh) of one layer-direction; biases are None without bias."""
+        """(w_ih, w_hh, b_ih, b_hh, w_hr) of one layer-direction, torch.nn's order; biases are
+        None without bias, w_hr (the projection) None without proj_size."""
         sfx = self._suffix(layer, direction)
         b_ih, b_hh = (getattr(self, f"bias_ih{sfx}"), getattr(self, f"bias_hh{sfx}")) if self.bias else (None, None)
-        return getattr(self, f"weight_ih{sfx}"), getattr(self, f"weight_hh{sfx}"), b_ih, b_hh
+        w_hr = getattr(self, f"weight_hr{sfx}") if self.proj_size else None
+        return getattr(self, f"weight_ih{sfx}"), getattr(self, f"weight_hh{sfx}"), b_ih, b_hh, w_hr
 
     def flat_weights(self) -> list[torch.Tensor]:
         """All weights in torch.nn's ``_flat_weights`` order."""
@@ -148,10 +163,6 @@ class FusedRNNBase(nn.Module):
         return self.cell.torch_class.__name__  # "LSTM" or "GRU"
 
     @property
-    def proj_size(self) -> int:
-        return 0
-
-    @property
     def _flat_weights_names(self) -> list[str]:
         return [name for names in self._all_weights for name in names]
 
@@ -162,6 +173,7 @@ class FusedRNNBase(nn.Module):
     @property
     def _all_weights(self) -> list[list[str]]:
         kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if self.bias else ())
+        kinds += ("weight_hr",) if self.proj_size else ()
         return [
             [f"{kind}{self._suffix(layer, d)}" for kind in kinds]
             for layer in range(self.num_layers)
@@ -177,7 +189,9 @@ class FusedRNNBase(nn.Module):
 
     # ----- conversion ---------------------------------------------------------------
     def _config(self) -> dict:
-        return {k: getattr(self, k) for k in _CONFIG_KEYS}
+        """Constructor arguments shared with torch.nn (proj_size only where the cell has it:
+        torch.nn.GRU refuses even proj_size=0)."""
+        return {k: getattr(self, k) for k in _CONFIG_KEYS if k != "proj_size" or self.cell.projects}
 
     @classmethod
     def from_torch(cls, module: nn.Module, *, backend: str = "auto") -> "FusedRNNBase":
@@ -186,8 +200,6 @@ class FusedRNNBase(nn.Module):
         torch_class = cls.cell.torch_class
         if not isinstance(module, torch_class):
             raise TypeError(f"module: expected a torch.nn.{torch_class.__name__}, got {type(module).__name__}")
-        if getattr(module, "proj_size", 0):
-            raise ValueError(f"module: proj_size={module.proj_size} is not supported (expected 0)")
         ref = module.weight_ih_l0
         config = {k: getattr(module, k) for k in _CONFIG_KEYS}
         fused = cls(**config, backend=backend, device=ref.device, dtype=ref.dtype)
@@ -236,7 +248,7 @@ class FusedRNNBase(nn.Module):
             for d in range(D):
                 init, weights = [s[layer * D + d] for s in states], self.layer_weights(layer, d)
                 if chunk is None:
-                    out, *final = run_cell(x, batch.batch_sizes, *init, *weights, d == 1)
+                    out, *final = _call_cell(run_cell, x, batch.batch_sizes, init, weights, d == 1)
                 else:  # bidirectional: each layer-direction is chunked on its own
                     span = partial(self._run_span, run_cell, d == 1)
                     out, final = checkpointing.run_chunked(
@@ -245,7 +257,7 @@ class FusedRNNBase(nn.Module):
                 outs.append(out)
                 for acc, s in zip(finals, final):
                     acc.append(s)
-            x = outs[0] if D == 1 else torch.cat(outs, dim=1)  # (N, D*H)
+            x = outs[0] if D == 1 else torch.cat(outs, dim=1)  # (N, D*P)
             if self._dropout_active(layer):
                 x = _dropout(x, _dropout_keep(x.shape, x.dtype, x.device, self.dropout), self.dropout)
         return x, [torch.stack(f) for f in finals]
@@ -271,7 +283,7 @@ class FusedRNNBase(nn.Module):
         init = [s[layer] for layer in range(L) for s in states]
         weights = [w for layer in range(L) for w in self.layer_weights(layer, 0)]
         out_dtype = Precision.for_call(x, self.weight_ih_l0).compute  # what the layers output
-        shape = (x.shape[0], self.hidden_size)  # (N, H)
+        shape = (x.shape[0], self.output_size)  # (N, P)
         active = [k for k in range(L - 1) if self._dropout_active(k)]
         masks = [_dropout_keep(shape, out_dtype, x.device, self.dropout) for _ in active]
         span = partial(self._run_span, getattr(kernels, self.cell.name), False)
@@ -283,14 +295,15 @@ class FusedRNNBase(nn.Module):
     def _run_span(self, run_cell, reverse: bool, x, batch_sizes, masks, states, weights) -> tuple:
         """Consecutive layers of one direction over a range of steps: ``(out, *final_states)``.
 
-        states: ``num_states`` (b, H) tensors per layer; weights: 4 per layer (as layer_weights);
-        masks: the dropout keep-masks between the layers (empty when dropout is off).
+        states: ``num_states`` tensors per layer ((b, P) h, (b, H) c); weights: 5 per layer (as
+        layer_weights); masks: the dropout keep-masks between the layers (empty when dropout is off).
         """
-        S, finals = self.cell.num_states, []
-        for k in range(len(weights) // 4):
+        S, W, finals = self.cell.num_states, _WEIGHTS_PER_LAYER, []
+        for k in range(len(weights) // W):
             if k and masks:
                 x = _dropout(x, masks[k - 1], self.dropout)
-            x, *final = run_cell(x, batch_sizes, *states[k * S : (k + 1) * S], *weights[4 * k : 4 * k + 4], reverse)
+            layer_states, layer_weights = states[k * S : (k + 1) * S], weights[W * k : W * (k + 1)]
+            x, *final = _call_cell(run_cell, x, batch_sizes, layer_states, layer_weights, reverse)
             finals.extend(final)
         return (x, *finals)
 
@@ -322,23 +335,26 @@ class FusedRNNBase(nn.Module):
             )
 
     def _initial_states(self, hx, batch: SequenceBatch) -> list[torch.Tensor]:
-        """The initial states as (L*D, B, H) tensors, zeros where hx is None."""
-        L, B, H = self.num_layers * self.num_directions, batch.batch, self.hidden_size
-        n = self.cell.num_states
-        expected = (L, H) if batch.unbatched else (L, B, H)
+        """The initial states as (L*D, B, P) h_0 and (L*D, B, H) c_0 tensors, zeros where hx is None."""
+        L, B = self.num_layers * self.num_directions, batch.batch
+        widths = (self.output_size, self.hidden_size)[: self.cell.num_states]  # h_0, c_0
+        shapes = [(L, w) if batch.unbatched else (L, B, w) for w in widths]
         name = type(self).__name__
-        if hx is None:
-            zeros = batch.data.new_zeros(L, B, H)
-            return [zeros] * n
-        if n > 1:
-            if not isinstance(hx, (tuple, list)) or len(hx) != n:
-                raise TypeError(f"hx: {name} expects a tuple (h_0, c_0) of tensors of shape {expected}, got {_describe(hx)}")
+        if hx is None:  # one zeros tensor per width: h_0 and c_0 share it without a projection
+            zeros = {w: batch.data.new_zeros(L, B, w) for w in set(widths)}
+            return [zeros[w] for w in widths]
+        if len(widths) > 1:
+            if not isinstance(hx, (tuple, list)) or len(hx) != len(widths):
+                raise TypeError(
+                    f"hx: {name} expects a tuple (h_0, c_0) of tensors of shapes {shapes[0]} and {shapes[1]}, "
+                    f"got {_describe(hx)}"
+                )
         elif not isinstance(hx, torch.Tensor):
-            raise TypeError(f"hx: {name} expects a tensor h_0 of shape {expected}, got {_describe(hx)}")
+            raise TypeError(f"hx: {name} expects a tensor h_0 of shape {shapes[0]}, got {_describe(hx)}")
         else:
             hx = (hx,)
         states = []
-        for label, s in zip(("h_0", "c_0"), hx):
+        for label, s, expected in zip(("h_0", "c_0"), hx, shapes):
             if not isinstance(s, torch.Tensor):
                 raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
             if tuple(s.shape) != expected:
@@ -352,7 +368,7 @@ class FusedRNNBase(nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
-        defaults = dict(num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False)
+        defaults = dict(num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False, proj_size=0)
         s += "".join(f", {k}={v}" for k, v in self._config().items() if k in defaults and v != defaults[k])
         s += f", backend={self.backend!r}" if self.backend != "auto" else ""
         if self.checkpoint_chunk_size is not None:
@@ -367,6 +383,17 @@ def _copy_module_state(source: nn.Module, target: nn.Module) -> nn.Module:
     for name, p in target.named_parameters():
         p.requires_grad_(name not in frozen)
     return target.train(source.training)
+
+
+_WEIGHTS_PER_LAYER = 5  # layer_weights: w_ih, w_hh, b_ih, b_hh, w_hr
+
+
+def _call_cell(run_cell, x, batch_sizes, states, weights, reverse: bool):
+    """One layer-direction on a kernel backend: ``weights`` as layer_weights gives them, the
+    projection passed only when there is one (the GRU's kernels take none)."""
+    w_ih, w_hh, b_ih, b_hh, w_hr = weights
+    projection = () if w_hr is None else (w_hr,)
+    return run_cell(x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse, *projection)
 
 
 def _weight_packs(kernels):

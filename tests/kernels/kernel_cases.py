@@ -31,19 +31,21 @@ def kernels_for(backend: str):
 
 
 def make_args(cell, batch_sizes, *, I=3, H=4, bias=True, reverse=False, dtype=torch.float64, device="cpu",
-              seed=0):
-    """Leaf inputs of one layer-direction call, in the kernels' argument order."""
+              seed=0, P=None):
+    """Leaf inputs of one layer-direction call, in the kernels' argument order; with P (LSTM
+    only) a projection: h0 (B, P), w_hh (4H, P) and w_hr (P, H) last, after ``reverse``."""
     g = torch.Generator().manual_seed(seed)
     G = 4 if cell == "lstm" else 3
-    N, B = int(sum(batch_sizes)), batch_sizes[0]
+    N, B, Ph = int(sum(batch_sizes)), batch_sizes[0], P or H
 
     def leaf(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, dtype=dtype) * scale).to(device).requires_grad_()
 
-    states = (leaf(B, H), leaf(B, H)) if cell == "lstm" else (leaf(B, H),)
+    states = (leaf(B, Ph), leaf(B, H)) if cell == "lstm" else (leaf(B, H),)
     biases = (leaf(G * H), leaf(G * H)) if bias else (None, None)
-    return (leaf(N, I), torch.tensor(batch_sizes), *states, leaf(G * H, I, scale=0.5), leaf(G * H, H, scale=0.5),
-            *biases, reverse)
+    projection = (leaf(P, H, scale=0.5),) if P else ()
+    return (leaf(N, I), torch.tensor(batch_sizes), *states, leaf(G * H, I, scale=0.5), leaf(G * H, Ph, scale=0.5),
+            *biases, reverse, *projection)
 
 
 def run_and_grad(fn, args, seed=1):

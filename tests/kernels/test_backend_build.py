@@ -69,6 +69,8 @@ def test_cached_build_is_reused_by_another_process():
         (lambda a: a.__setitem__(1, torch.tensor([3.0, 2.0])), "batch_sizes: expected a non-empty 1-D int64"),
         (lambda a: a.__setitem__(0, a[0][:-1]), "x: expected 5 rows"),
         (lambda a: a.__setitem__(7, None), "b_ih, b_hh: expected both or neither"),
+        (lambda a: a.append(torch.zeros(3, 4, dtype=torch.float64)), r"w_hr: expected a 2-D \(4, hidden_size\)"),
+        (lambda a: a.append(torch.zeros(4, 4, dtype=torch.float32)), "w_hr: expected dtype Double"),
     ],
 )
 def test_bad_input_is_rejected_at_the_boundary(change, message):

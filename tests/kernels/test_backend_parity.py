@@ -38,6 +38,39 @@ def test_matches_reference_float64(cell, schedule, reverse, bias, backend, devic
 
 
 @pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("P", [2, 1])
+def test_projected_lstm_matches_reference_float64(P, schedule, reverse, bias, backend, device):
+    """LSTM with a projection w_hr (P, H), H = 5: outputs, states and every gradient, w_hr's too."""
+    kernels = kernels_for(backend)
+    make = dict(H=5, P=P, bias=bias, reverse=reverse, device=device)
+    outs, grads = run_and_grad(kernels.lstm, make_args("lstm", SCHEDULES[schedule], **make))
+    ref_outs, ref_grads = run_and_grad(reference.lstm, make_args("lstm", SCHEDULES[schedule], **make))
+    assert outs[0].shape[1] == outs[1].shape[1] == P and outs[2].shape[1] == 5 and grads[-1].shape == (P, 5)
+    for got, want in zip(outs + grads, ref_outs + ref_grads, strict=True):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_projected_lstm_only_needed_grads(backend, device):
+    """A frozen projection gets no gradient; a frozen W_hh still lets w_hr's through."""
+    kernels = kernels_for(backend)
+    for frozen in (-1, 5):  # w_hr, w_hh
+        args = list(make_args("lstm", [3, 3, 2], H=5, P=3, device=device))
+        args[frozen] = args[frozen].detach()
+        outs, grads = run_and_grad(kernels.lstm, args)
+        ref_outs, ref_grads = run_and_grad(reference.lstm, args)
+        assert len(grads) == len(ref_grads) == 7  # x, h0, c0, w_ih, b_ih, b_hh and one of w_hh / w_hr
+        for got, want in zip(outs + grads, ref_outs + ref_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_float32_close_to_reference(cell, backend, device):
     kernels = kernels_for(backend)
@@ -58,6 +91,16 @@ def test_gradcheck(cell, schedule, reverse, backend, device):
     args = make_args(cell, [3, 2, 2, 1] if schedule == "packed" else [3, 3, 3], I=2, H=3, reverse=reverse,
                      device=device)
     assert torch.autograd.gradcheck(fn.apply, args)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("schedule", ["full", "packed"])
+def test_projected_lstm_gradcheck(schedule, reverse, backend, device):
+    kernels = kernels_for(backend)
+    args = make_args("lstm", [3, 2, 2, 1] if schedule == "packed" else [3, 3, 3], I=2, H=3, P=2, reverse=reverse,
+                     device=device)
+    assert torch.autograd.gradcheck(kernels.LSTMFunction.apply, args)
 
 
 @pytest.mark.parametrize("backend,device", COMPILED)
@@ -85,13 +128,14 @@ def test_non_contiguous_inputs(backend, device):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
-def _recast(args, dtype, weight_scale):
-    """Fresh leaves of args in dtype, w_ih and w_hh (args[-5], args[-4]: make_args' order
-    ..., w_ih, w_hh, b_ih, b_hh, reverse) scaled by weight_scale."""
+def _recast(args, dtype, weight_scale, weights=(-5, -4)):
+    """Fresh leaves of args in dtype, the weights at positions ``weights`` scaled by
+    weight_scale (w_ih and w_hh in make_args' order ..., w_ih, w_hh, b_ih, b_hh, reverse;
+    with a projection (-6, -5, -1): ..., reverse, w_hr)."""
     out = []
     for k, a in enumerate(args):
         if isinstance(a, torch.Tensor) and a.is_floating_point():
-            a = a.detach() * (weight_scale if k - len(args) in (-5, -4) else 1)
+            a = a.detach() * (weight_scale if k - len(args) in weights else 1)
             a = a.to(dtype).requires_grad_()
         out.append(a)
     return tuple(out)
@@ -117,14 +161,31 @@ def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
     weight-gradient GEMMs in oneDNN only at powers of two with >= 512 rows. Against the
     float64 reference on the same values, the error must be of the order of the float32
     reference's own."""
-    kernels = kernels_for("cpp")
-    base = make_args(cell, schedule, I=I, H=H, reverse=reverse)  # float64
-    args32 = _recast(base, torch.float32, 0.1)  # weights ~ 0.05: gates not saturated
+    _check_float32_error(_call(kernels_for("cpp"), cell), _call(reference, cell),
+                         make_args(cell, schedule, I=I, H=H, reverse=reverse), (-5, -4))
+
+
+@pytest.mark.parametrize("schedule", [[6] * 9, [13] * 4 + [7] * 4 + [1], [72] * 5 + [66] * 4],
+                         ids=["full", "packed_b13", "wide"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("I, H, P", [(24, 20, 12), (128, 256, 128), (64, 1024, 256)], ids=["H20", "H256", "H1024"])
+def test_float32_projected_lstm_fast_paths_close_to_reference(reverse, schedule, I, H, P):
+    """The projection's GEMMs take the same paths as the others (per step h W_hr^T and
+    dh W_hr on panels up to 64 rows, else oneDNN / at::mm; one GEMM over all rows to
+    rebuild h_t, and dW_hr): error of the order of the float32 reference's own."""
+    args = make_args("lstm", schedule, I=I, H=H, P=P, reverse=reverse)
+    _check_float32_error(kernels_for("cpp").lstm, reference.lstm, args, (-6, -5, -1))
+
+
+def _check_float32_error(ours_fn, reference_fn, base, weights):
+    """ours_fn in float32 against reference_fn in float64 on the same values: the relative
+    error of every output and gradient at most 4x the float32 reference's."""
+    args32 = _recast(base, torch.float32, 0.1, weights)  # weights ~ 0.05: gates not saturated
     args64 = tuple(a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
                    else a for a in args32)
-    exact = run_and_grad(_call(reference, cell), args64)
-    ours = run_and_grad(_call(kernels, cell), _recast(args32, torch.float32, 1))
-    ref32 = run_and_grad(_call(reference, cell), _recast(args32, torch.float32, 1))
+    exact = run_and_grad(reference_fn, args64)
+    ours = run_and_grad(ours_fn, _recast(args32, torch.float32, 1))
+    ref32 = run_and_grad(reference_fn, _recast(args32, torch.float32, 1))
     for got, ref, want in zip(ours[0] + ours[1], ref32[0] + ref32[1], exact[0] + exact[1]):
         assert (got is None) == (want is None)
         if want is not None:

@@ -16,9 +16,9 @@ from kernel_cases import kernels_for, make_args, run_and_grad
 SCHEDULE = [6, 6, 5, 4, 4, 2, 1]
 
 
-def _run(module, cell, autocast: bool):
-    args = make_args(cell, SCHEDULE, I=16, H=32, dtype=torch.float32)
-    weights = [a for a in args[3:7] if isinstance(a, torch.Tensor) and a.dim() == 2]
+def _run(module, cell, autocast: bool, P=None):
+    args = make_args(cell, SCHEDULE, I=16, H=32, dtype=torch.float32, P=P)
+    weights = [a for a in args[3:7] + args[9:] if isinstance(a, torch.Tensor) and a.dim() == 2]
     fn = module.lstm if cell == "lstm" else module.gru
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), SavedTensorsMeter(exclude=weights) as meter:
         outs = fn(*args)
@@ -32,12 +32,12 @@ def _rel_err(got, want) -> float:
                for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_bf16_autocast_memory_dtypes_accuracy(cell):
+@pytest.mark.parametrize("cell, P", [("lstm", None), ("gru", None), ("lstm", 12)], ids=["lstm", "gru", "lstm_projected"])
+def test_bf16_autocast_memory_dtypes_accuracy(cell, P):
     cpp = kernels_for("cpp")
-    fp32, fp32_dtypes, fp32_bytes = _run(cpp, cell, autocast=False)
-    bf16, bf16_dtypes, bf16_bytes = _run(cpp, cell, autocast=True)
-    ref, ref_dtypes, ref_bytes = _run(reference, cell, autocast=True)
+    fp32, fp32_dtypes, fp32_bytes = _run(cpp, cell, autocast=False, P=P)
+    bf16, bf16_dtypes, bf16_bytes = _run(cpp, cell, autocast=True, P=P)
+    ref, ref_dtypes, ref_bytes = _run(reference, cell, autocast=True, P=P)
     assert bf16_bytes <= 0.65 * fp32_bytes
     assert bf16_bytes <= ref_bytes
     assert bf16_dtypes == ref_dtypes  # out, h_n in bf16; c_n in fp32
@@ -46,7 +46,7 @@ def test_bf16_autocast_memory_dtypes_accuracy(cell):
     assert _rel_err(bf16, ref) <= 0.02
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_fp32_saves_no_more_than_reference(cell):
+@pytest.mark.parametrize("cell, P", [("lstm", None), ("gru", None), ("lstm", 12)], ids=["lstm", "gru", "lstm_projected"])
+def test_fp32_saves_no_more_than_reference(cell, P):
     cpp = kernels_for("cpp")
-    assert _run(cpp, cell, autocast=False)[2] <= _run(reference, cell, autocast=False)[2]
+    assert _run(cpp, cell, autocast=False, P=P)[2] <= _run(reference, cell, autocast=False, P=P)[2]

@@ -27,6 +27,12 @@ CASES = {
     "packed_bidirectional_dropout": dict(num_layers=2, bidirectional=True, packed=True, dropout=0.3),
     "batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False),
 }
+PROJECTED_CASES = {  # LSTM only (proj_size): h has 2 columns, c has H
+    "three_layers_dropout_projected": dict(num_layers=3, dropout=0.4, proj_size=2),
+    "packed_bidirectional_given_state_projected": dict(
+        num_layers=2, bidirectional=True, packed=True, given_state=True, proj_size=2
+    ),
+}
 I, H, T, B = 3, 5, 11, 4
 
 
@@ -44,14 +50,25 @@ def _forward_backward(layer, case, chunk_size, x, hx):
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_same_outputs_and_gradients_float64(cell, case_name, backend):
-    case = CASES[case_name]
-    config = {k: case[k] for k in ("num_layers", "bidirectional", "dropout", "batch_first", "bias") if k in case}
+    _check_same_with_checkpointing(cell, CASES[case_name], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case_name", list(PROJECTED_CASES))
+def test_projected_lstm_same_outputs_and_gradients_float64(case_name, backend):
+    _check_same_with_checkpointing("lstm", PROJECTED_CASES[case_name], backend)
+
+
+def _check_same_with_checkpointing(cell, case, backend):
+    keys = ("num_layers", "bidirectional", "dropout", "batch_first", "bias", "proj_size")
+    config = {k: case[k] for k in keys if k in case}
     layer = CELLS[cell](I, H, **config, backend=backend).double().train()
     x = torch.randn(*((B, T) if layer.batch_first else (T, B)), I, dtype=torch.float64, requires_grad=True)
     hx = None
     if case.get("given_state"):
-        shape = (layer.num_layers * layer.num_directions, B, H)
-        states = tuple(torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(layer.cell.num_states))
+        L = layer.num_layers * layer.num_directions
+        widths = (layer.output_size, H)[: layer.cell.num_states]  # h_0, c_0
+        states = tuple(torch.randn(L, B, w, dtype=torch.float64, requires_grad=True) for w in widths)
         hx = states if cell == "lstm" else states[0]
     expected = _forward_backward(layer, case, None, x, hx)
     for chunk_size in (1, "sqrt", T + 5):  # 11 chunks, 3 (4 + 4 + 3 steps), 1

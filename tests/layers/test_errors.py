@@ -15,7 +15,7 @@ from lightning_rnn.kernels.dispatch import available_backends
         (dict(dropout=1.5), r"dropout: expected a float in \[0, 1\]"),
         (dict(dropout=-0.1), r"dropout: expected a float in \[0, 1\]"),
         (dict(backend="cudnn"), "backend: expected one of"),
-        (dict(proj_size=2), r"proj_size: expected 0 \(projections are not supported\), got 2"),
+        (dict(proj_size=-1), "proj_size: expected an int >= 0, got -1"),
     ],
 )
 @pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
@@ -23,6 +23,29 @@ def test_bad_constructor_arguments(layer_class, kwargs, match):
     args = dict(input_size=3, hidden_size=4) | kwargs
     with pytest.raises(ValueError, match=match):
         layer_class(**args)
+
+
+def test_bad_projection_sizes():
+    """torch.nn's rules: proj_size < hidden_size, and only the LSTM has a projection."""
+    for proj_size in (4, 5):
+        with pytest.raises(ValueError, match=f"proj_size: expected an int < hidden_size=4, got {proj_size}"):
+            FusedLSTM(3, 4, proj_size=proj_size)
+    with pytest.raises(ValueError, match="proj_size: only FusedLSTM has a projection .as in torch.nn., got 2"):
+        FusedGRU(3, 4, proj_size=2)
+    with pytest.raises(TypeError, match="proj_size: expected an int >= 0, got 2.0"):
+        FusedLSTM(3, 4, proj_size=2.0)
+
+
+def test_bad_projected_lstm_states():
+    """With a projection h_0 has proj_size columns and c_0 hidden_size; the message gives both."""
+    layer = FusedLSTM(3, 4, proj_size=2)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(ValueError, match=r"hx: expected h_0 of shape \(1, 2, 2\), got \(1, 2, 4\)"):
+        layer(x, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+    with pytest.raises(ValueError, match=r"hx: expected c_0 of shape \(1, 2, 4\), got \(1, 2, 2\)"):
+        layer(x, (torch.zeros(1, 2, 2), torch.zeros(1, 2, 2)))
+    with pytest.raises(TypeError, match=r"tensors of shapes \(1, 2, 2\) and \(1, 2, 4\), got a tensor"):
+        layer(x, torch.zeros(1, 2, 2))
 
 
 @pytest.mark.parametrize(
@@ -91,8 +114,6 @@ def test_gru_given_lstm_state():
 def test_from_torch_rejects_other_modules():
     with pytest.raises(TypeError, match="module: expected a torch.nn.LSTM, got GRU"):
         FusedLSTM.from_torch(torch.nn.GRU(3, 4))
-    with pytest.raises(ValueError, match="module: proj_size=2 is not supported"):
-        FusedLSTM.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
 
 
 @pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])

@@ -28,6 +28,17 @@ CASES = {
     "batch_of_one_packed": dict(B=1, packed=True, bidirectional=True),
     "dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True),
 }
+# torch.nn.LSTM's proj_size: h (and each direction's output) has P = 2 columns, c keeps H.
+PROJECTED_CASES = {
+    "one_layer": dict(proj_size=2),
+    "three_layers_bidirectional_given_state": dict(num_layers=3, bidirectional=True, given_state=True, proj_size=2),
+    "batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False, proj_size=4),
+    "packed_unsorted_bidirectional_given_state": dict(
+        num_layers=2, bidirectional=True, packed=True, given_state=True, proj_size=1
+    ),
+    "unbatched_given_state": dict(num_layers=2, unbatched=True, given_state=True, proj_size=3),
+    "dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True, proj_size=2),
+}
 I, H = 3, 5
 
 
@@ -46,19 +57,35 @@ def _make_input(case, batch_first):
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_matches_torch_nn_float64(cell, case_name, backend):
-    case = CASES[case_name]
+    _check_parity(cell, CASES[case_name], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case_name", list(PROJECTED_CASES))
+def test_projected_lstm_matches_torch_nn_float64(case_name, backend):
+    _check_parity("lstm", PROJECTED_CASES[case_name], backend)
+
+
+def _check_parity(cell, case, backend):
     fused_class, torch_class = CELLS[cell]
     config = dict(num_layers=case.get("num_layers", 1), bias=case.get("bias", True),
                   batch_first=case.get("batch_first", False), dropout=case.get("dropout", 0.0),
                   bidirectional=case.get("bidirectional", False))
+    if case.get("proj_size"):
+        config["proj_size"] = case["proj_size"]
     ref = torch_class(I, H, **config).double().train(case.get("train", False))
     fused = fused_class.from_torch(ref, backend=backend).train(case.get("train", False))
+    assert fused.proj_size == case.get("proj_size", 0)
     x, inp = _make_input(case, config["batch_first"])
     hx = None
     if case.get("given_state"):
         L = config["num_layers"] * (2 if config["bidirectional"] else 1)
-        shape = (L, H) if case.get("unbatched") else (L, case.get("B", 4), H)
-        states = tuple(torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(fused.cell.num_states))
+        widths = (case.get("proj_size") or H, H)[: fused.cell.num_states]  # h_0, c_0
+        states = tuple(
+            torch.randn((L, w) if case.get("unbatched") else (L, case.get("B", 4), w), dtype=torch.float64,
+                        requires_grad=True)
+            for w in widths
+        )
         hx = states if cell == "lstm" else states[0]
 
     out_ref, states_ref, grads_ref = outputs_and_grads(ref, x, inp, hx)

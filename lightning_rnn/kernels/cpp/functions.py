@@ -2,7 +2,7 @@
 
 Same signatures, semantics and saved tensors as :mod:`lightning_rnn.kernels.reference`:
 saved are the layer input in the compute dtype, the activated gates (N, 4H) in the
-compute dtype, h0, c0 and the weights. The extension does all the rest: the input
+compute dtype, h0, c0 and the weights (with the LSTM's projection w_hr, if any). The extension does all the rest: the input
 projection GEMM, the time loop (one GEMM + one fused pointwise pass per step), the
 backward scan, the backward loop and the weight-gradient GEMMs.
 
@@ -35,35 +35,40 @@ def _bias_dtype(b_ih):
 def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]) -> type:
     """The autograd.Function of one direction of one ``cell`` layer ("lstm": 2 states, "gru": 1).
 
-    Inputs: ``(x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse)``; outputs:
-    ``(out (N,H), *final_states (B,H))``. The extension's ops take and return the LSTM's
-    arity for both cells (c0 / c_n / dc0 are None for the GRU).
+    Inputs: ``(x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse[, w_hr])``
+    (``w_hr``: the LSTM's projection, or None); outputs: ``(out (N,P), *final_states)``.
+    The extension's ops take and return the LSTM's arity for both cells (c0 / c_n / dc0
+    and w_hr are None for the GRU).
     """
 
     def forward(ctx, x, batch_sizes, *args):
-        states, (w_ih, w_hh, b_ih, b_hh, reverse) = args[:num_states], args[num_states:]
+        states, (w_ih, w_hh, b_ih, b_hh, reverse, *rest) = args[:num_states], args[num_states:]
         c0 = states[1] if num_states == 2 else None
+        w_hr = rest[0] if rest else None
         p = Precision.for_call(x, w_ih)
         with autocast_off(x.device):
             out, h_n, c_n, gates, x_c = getattr(get_ext(), f"{cell}_forward")(
-                x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, bool(reverse), p.compute, p.state
+                x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state
             )
         ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
-        ctx.bias_dtype = _bias_dtype(b_ih)
-        ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh)
+        ctx.bias_dtype, ctx.num_inputs = _bias_dtype(b_ih), 2 + len(args)
+        ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh, w_hr)
         return (out, h_n, c_n)[: 1 + num_states]
 
     def backward(ctx, d_out, *d_states):
-        x_c, gates, *states, w_ih, w_hh = ctx.saved_tensors
+        x_c, gates, *states, w_ih, w_hh, w_hr = ctx.saved_tensors
         c0, d_cn = (states[1], d_states[1]) if num_states == 2 else (None, None)
-        n, w = ctx.needs_input_grad, 2 + num_states  # n: (x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse)
-        needs = [n[0], n[2], num_states == 2 and n[3], n[w], n[w + 1], n[w + 2] or n[w + 3]]
+        # n: (x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse[, w_hr])
+        n, w = ctx.needs_input_grad, 2 + num_states
+        needs_w_hr = w_hr is not None and n[w + 5]
+        needs = [n[0], n[2], num_states == 2 and n[3], n[w], n[w + 1], n[w + 2] or n[w + 3], needs_w_hr]
         with autocast_off(x_c.device):
-            dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh = getattr(get_ext(), f"{cell}_backward")(
-                x_c, gates, states[0], c0, w_ih, w_hh, d_out, d_states[0], d_cn,
+            dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, dw_hr = getattr(get_ext(), f"{cell}_backward")(
+                x_c, gates, states[0], c0, w_ih, w_hh, w_hr, d_out, d_states[0], d_cn,
                 ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype,
             )
-        return (dx, None, dh0, dc0)[: 2 + num_states] + (dw_ih, dw_hh, db_ih, db_hh, None)
+        grads = (dx, None, dh0, dc0)[: 2 + num_states] + (dw_ih, dw_hh, db_ih, db_hh, None, dw_hr)
+        return grads[: ctx.num_inputs]
 
     doc = f"One direction of one {cell.upper()} layer on the compiled kernels (see the module docstring)."
     # once_differentiable: the backward is the extension's, not a graph of torch ops, so a
@@ -81,10 +86,10 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         p = Precision.for_call(x, w_ih)
         return (p.compute, p.state) in _SUPPORTED
 
-    def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
+    def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
         if not supported(x, w_ih):
-            return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse)
-        return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse)
+            return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+        return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
 
     def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
         if not supported(x, w_ih):

@@ -51,6 +51,7 @@ struct ScanRow {
   A* cur;          // (H) LSTM: c_t is written;  GRU: h_{t-1} is written (kept for backward)
   A* next;         // (H) GRU: h_t, i.e. the next token's h_{t-1}
   S* next_c;       // (H) h_t in compute dtype: the next token's GEMM row for dW_hh
+                   //     (LSTM with at_token: o * tanh(c_t) in this token's row)
 };
 
 template <typename S, typename A>
@@ -65,10 +66,14 @@ struct ScanArgs {  // the whole direction
   const int64_t* sizes; const int64_t* offsets;
   int64_t T, H;
   bool reverse;
+  // LSTM with a projection: h_prev_c gets o * tanh(c_t) at each token's own row (the
+  // driver projects it and shifts it to h_{t-1} itself) and h0 is not read.
+  bool at_token;
 };
 
 // Walks the tokens of batch row b in forward order, calling
-// visit(ScanRow row, const A* h0_row, S* h_prev_c_row, bool first) for each.
+// visit(ScanRow row, const A* h0_row, S* h_prev_c_row, bool first) for each; `first`
+// (the token whose h_{t-1} is h0) is never set with at_token.
 template <class Cell, typename S, typename A, class Visit>
 RNN_HD void scan_tokens(const ScanArgs<S, A>& a, int64_t b, Visit&& visit) {
   const int64_t H = a.H;
@@ -79,7 +84,7 @@ RNN_HD void scan_tokens(const ScanArgs<S, A>& a, int64_t b, Visit&& visit) {
     const int64_t tok = a.offsets[t] + b;
     const int64_t t2 = a.reverse ? t - 1 : t + 1;
     const int64_t ntok = (t2 >= 0 && t2 < a.T && b < a.sizes[t2]) ? a.offsets[t2] + b : -1;
-    visit(Cell::scan_row(a, b, tok, ptok, ntok), a.h0 + b * H, a.h_prev_c + tok * H, ptok < 0);
+    visit(Cell::scan_row(a, b, tok, ptok, ntok), a.h0 + b * H, a.h_prev_c + tok * H, ptok < 0 && !a.at_token);
     ptok = tok;
   }
 }
@@ -166,8 +171,9 @@ struct LstmCell {
   RNN_HD static ScanRow<S, A> scan_row(const ScanArgs<S, A>& a, int64_t b, int64_t tok, int64_t ptok,
                                        int64_t ntok) {
     const int64_t H = a.H;
+    S* h_c = a.at_token ? a.h_prev_c + tok * H : ntok < 0 ? a.tail_c + b * H : a.h_prev_c + ntok * H;
     return {a.gates + tok * 4 * H, ptok < 0 ? a.c0 + b * H : a.states + ptok * H, a.states + tok * H,
-            a.tail + b * H, ntok < 0 ? a.tail_c + b * H : a.h_prev_c + ntok * H};
+            a.tail + b * H, h_c};
   }
 
   template <typename S, typename A>

@@ -7,14 +7,24 @@
 //           accumulating the bias gradient per row, then dh_{t-1} = dG_h W_hh (one GEMM);
 //           after the loop: dx, dW_ih, dW_hh as GEMMs over all N rows.
 //
+// LSTM with a projection (w_hr (P, H), torch.nn's proj_size): per step the pointwise pass
+// writes r = o * tanh(c) to a (B, H) buffer and one more GEMM gives h_t = r W_hr^T (n, P),
+// the step's output rows and the next step's GEMM input. Backward, per step: dh_t (n, P)
+// = d_out + carry is kept (for dW_hr), dr = dh_t W_hr (one GEMM) feeds the pointwise pass,
+// and the carry is dG_h W_hh (n, P); the scan writes r_t per token, and one GEMM over all
+// rows rebuilds h_t for dW_hh.
+//
 // Templated on the cell (LstmCell / GruCell, rnn_cells.h) and the device (Dev provides
 // forward_step, scan, backward_step for FwdStep/ScanArgs/BwdStep). Shapes as in
-// kernels/reference.py: x (N, I), h0/c0 (B, H), w_ih (G*H, I), w_hh (G*H, H).
+// kernels/reference.py: x (N, I), h0 (B, P), c0 (B, H), w_ih (G*H, I), w_hh (G*H, P),
+// w_hr (P, H); P = H without a projection.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -79,27 +89,38 @@ inline void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef s
 }
 
 struct Sizes {
-  int64_t N, I, H, B;
+  int64_t N, I, H, B, P;  // P: h's columns (the projection's size; H without one)
 };
 
 template <class Cell>
 Sizes check_inputs(const at::Tensor& x, const Schedule& s, const at::Tensor& h0, const OptTensor& c0,
                    const at::Tensor& w_ih, const at::Tensor& w_hh, const OptTensor& b_ih,
-                   const OptTensor& b_hh) {
+                   const OptTensor& b_hh, const OptTensor& w_hr) {
   const auto dev = x.device();
   check_float(x, "x", dev);
   TORCH_CHECK(x.dim() == 2, "x: expected a 2-D (N, input_size) tensor, got shape ", x.sizes());
   TORCH_CHECK(x.size(0) == s.N, "x: expected ", s.N, " rows (sum of batch_sizes), got ", x.size(0));
   check_float(w_hh, "w_hh", dev);
   TORCH_CHECK(w_hh.dim() == 2, "w_hh: expected a 2-D tensor, got shape ", w_hh.sizes());
-  const int64_t H = w_hh.size(1), GH = Cell::kProjGates * H, I = x.size(1);
-  check_shape(w_hh, "w_hh", {GH, H});
+  const int64_t P = w_hh.size(1);
+  int64_t H = P;
+  if (w_hr) {
+    TORCH_CHECK(Cell::kProjGates == 4, "w_hr: a projection is supported for LSTM only");
+    check_float(*w_hr, "w_hr", dev);
+    TORCH_CHECK(w_hr->dim() == 2 && w_hr->size(0) == P, "w_hr: expected a 2-D (", P,
+                ", hidden_size) tensor (w_hh has ", P, " columns), got shape ", w_hr->sizes());
+    TORCH_CHECK(w_hr->scalar_type() == w_hh.scalar_type(), "w_hr: expected dtype ", w_hh.scalar_type(),
+                " (like w_hh), got ", w_hr->scalar_type());
+    H = w_hr->size(1);
+  }
+  const int64_t GH = Cell::kProjGates * H, I = x.size(1);
+  check_shape(w_hh, "w_hh", {GH, P});
   check_float(w_ih, "w_ih", dev);
   check_shape(w_ih, "w_ih", {GH, I});
   TORCH_CHECK(w_ih.scalar_type() == w_hh.scalar_type(), "w_hh: expected dtype ", w_ih.scalar_type(),
               " (like w_ih), got ", w_hh.scalar_type());
   check_float(h0, "h0", dev);
-  check_shape(h0, "h0", {s.B, H});
+  check_shape(h0, "h0", {s.B, P});
   if (c0) {
     check_float(*c0, "c0", dev);
     check_shape(*c0, "c0", {s.B, H});
@@ -111,7 +132,7 @@ Sizes check_inputs(const at::Tensor& x, const Schedule& s, const at::Tensor& h0,
     check_float(*b_hh, "b_hh", dev);
     check_shape(*b_hh, "b_hh", {GH});
   }
-  return {s.N, I, H, s.B};
+  return {s.N, I, H, s.B, P};
 }
 
 // Calls f.template operator()<S, A>() for the supported (compute, state) pairs.
@@ -130,32 +151,37 @@ template <typename T>
 T* ptr(const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 
 // ---- forward --------------------------------------------------------------------------
-// Returns {out (N,H), h_n (B,H), c_n (B,H) LSTM / undefined, gates (N,4H), x_c (N,I)}.
+// Returns {out (N,P), h_n (B,P), c_n (B,H) LSTM / undefined, gates (N,4H), x_c (N,I)}.
 template <class Cell, class Dev>
 std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& h0,
                                     const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
-                                    const OptTensor& b_ih, const OptTensor& b_hh, bool reverse,
-                                    at::ScalarType compute, at::ScalarType state) {
+                                    const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
+                                    bool reverse, at::ScalarType compute, at::ScalarType state) {
   TORCH_CHECK(x.device().type() == Dev::kDevice, "x: expected a tensor on ", Dev::kDevice, ", got ", x.device());
   const Schedule s(batch_sizes, reverse);
-  const Sizes z = check_inputs<Cell>(x, s, h0, c0, w_ih, w_hh, b_ih, b_hh);
+  const Sizes z = check_inputs<Cell>(x, s, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr);
   const int64_t H = z.H, G = Cell::kProjGates;
   const auto copt = x.options().dtype(compute), sopt = x.options().dtype(state);
+  const bool proj = w_hr.has_value();
 
   at::Tensor x_c = x.to(compute).contiguous();
-  const at::Tensor w_hh_c = w_hh.to(compute);                        // (G*H, H)
+  const at::Tensor w_hh_c = w_hh.to(compute);                        // (G*H, P)
   at::Tensor pre = proj_gemm(x_c, w_ih.to(compute));                 // (N, G*H)
   at::Tensor gates = Layout<Cell>::gates_buffer(pre);                // (N, 4H)
   auto [bias, b_hn] = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);  // (G*H), (H)
-  at::Tensor out = at::empty({z.N, H}, copt);
-  at::Tensor h_c = h0.to(compute).clone().contiguous();              // (B, H) GEMM input
-  at::Tensor h = h0.to(state).clone().contiguous();                  // (B, H) GRU state
+  at::Tensor out = at::empty({z.N, z.P}, copt);
+  at::Tensor h_c = h0.to(compute).clone().contiguous();              // (B, P) GEMM input
+  // (B, H) GRU state (unused by the LSTM); with a projection, r = o * tanh(c) of a step
+  at::Tensor h = proj ? at::empty({z.B, H}, sopt) : h0.to(state).clone().contiguous();
+  at::Tensor r = proj ? at::empty({z.B, H}, copt) : at::Tensor();
   at::Tensor c = c0 ? c0->to(state).clone().contiguous() : at::empty({z.B, H}, sopt);
   // The per-step h W_hh^T (rnn_gemm.h: panels, oneDNN or ATen) writes a small hot buffer
   // hw that the pointwise pass adds to pre (faster than addmm_ into the cache-cold rows of
   // pre on CPU). LSTM in one precision on a device that prefers it (Dev::kStepIntoPre)
   // with an ATen GEMM: h W_hh^T is accumulated into pre in place instead.
   const StepGemm step_gemm = StepGemm::forward(w_hh_c, z.B, s.T);
+  const std::optional<StepGemm> project =
+      proj ? std::optional<StepGemm>(StepGemm::forward(w_hr->to(compute), z.B, s.T)) : std::nullopt;
   const bool hw_in_pre =
       Dev::kStepIntoPre && Cell::kHwInPre && compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
   at::Tensor hw = at::empty({hw_in_pre ? 0 : z.B, G * H}, copt);
@@ -169,80 +195,126 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
         hw_step = step_gemm.run(h_c.narrow(0, 0, n), hw.narrow(0, 0, n));
       }
       const S* hw_ptr = hw_step.defined() ? ptr<S>(hw_step) : nullptr;
+      S* h_next = proj ? ptr<S>(r) : ptr<S>(h_c);             // the cell's h (r when projected)
+      S* out_rows = proj ? ptr<S>(r) : ptr<S>(out) + off * H;
       FwdStep<S, A> step{ptr<S>(pre) + off * G * H, hw_ptr, ptr<A>(bias),
-                         ptr<A>(b_hn), ptr<S>(gates) + off * 4 * H, ptr<A>(h), ptr<A>(c), ptr<S>(h_c),
-                         ptr<S>(out) + off * H, n, H, G};
+                         ptr<A>(b_hn), ptr<S>(gates) + off * 4 * H, ptr<A>(h), ptr<A>(c), h_next,
+                         out_rows, n, H, G};
       Dev::template forward_step<Cell, S, A>(step);
+      if (proj) {  // h_t = r W_hr^T: the step's output rows and the next step's GEMM input
+        at::Tensor rows = out.narrow(0, off, n);
+        const at::Tensor y = project->run(r.narrow(0, 0, n), rows);
+        if (y.data_ptr() != rows.data_ptr()) rows.copy_(y);
+        h_c.narrow(0, 0, n).copy_(rows);
+      }
     }
   });
   return {out, h_c, c0 ? c : at::Tensor(), gates, x_c};
 }
 
+// h_{t-1} (N, P) of every token of a projected LSTM: h_t = r_t W_hr^T for all rows in one
+// GEMM, then each step's rows take the previous step's (rows that step had) or h0.
+inline at::Tensor projected_prev(const at::Tensor& r, const at::Tensor& w_hr, const at::Tensor& h0,
+                                 const Schedule& s) {
+  const at::Tensor h = proj_gemm(r, w_hr);  // (N, P)
+  at::Tensor h_prev = at::empty_like(h);
+  for (int64_t t = 0; t < s.T; ++t) {
+    const int64_t n = s.sizes[t], off = s.offsets[t], p = s.prev(t);
+    const int64_t m = p < 0 ? 0 : std::min(n, s.sizes[p]);
+    if (m) h_prev.narrow(0, off, m).copy_(h.narrow(0, s.offsets[p], m));
+    if (m < n) h_prev.narrow(0, off + m, n - m).copy_(h0.narrow(0, m, n - m));
+  }
+  return h_prev;
+}
+
 // ---- backward -------------------------------------------------------------------------
-// needs = (x, h0, c0, w_ih, w_hh, bias). Returns {dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh};
-// tensors that are not needed are undefined.
+// needs = (x, h0, c0, w_ih, w_hh, bias, w_hr). Returns {dx, dh0, dc0, dw_ih, dw_hh, db_ih,
+// db_hh, dw_hr}; tensors that are not needed are undefined.
 template <class Cell, class Dev>
 std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& gates, const at::Tensor& h0,
                                      const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
-                                     const at::Tensor& d_out, const at::Tensor& d_hn, const OptTensor& d_cn,
-                                     const at::Tensor& batch_sizes, bool reverse, std::vector<bool> needs,
-                                     at::ScalarType state, c10::optional<at::ScalarType> bias_dtype) {
+                                     const OptTensor& w_hr, const at::Tensor& d_out, const at::Tensor& d_hn,
+                                     const OptTensor& d_cn, const at::Tensor& batch_sizes, bool reverse,
+                                     std::vector<bool> needs, at::ScalarType state,
+                                     c10::optional<at::ScalarType> bias_dtype) {
   TORCH_CHECK(x_c.device().type() == Dev::kDevice, "x_c: expected a tensor on ", Dev::kDevice, ", got ",
               x_c.device());
   const Schedule s(batch_sizes, reverse);
-  const Sizes z = check_inputs<Cell>(x_c, s, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt);
-  const int64_t H = z.H, B = z.B, N = z.N, HG = Cell::kHiddenGrad * H;
+  const Sizes z = check_inputs<Cell>(x_c, s, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr);
+  const int64_t H = z.H, P = z.P, B = z.B, N = z.N, HG = Cell::kHiddenGrad * H;
   const at::ScalarType compute = x_c.scalar_type();
   const auto copt = x_c.options().dtype(compute), sopt = x_c.options().dtype(state);
-  TORCH_CHECK(needs.size() == 6, "needs: expected 6 flags (x, h0, c0, w_ih, w_hh, bias)");
+  const bool proj = w_hr.has_value();
+  TORCH_CHECK(needs.size() == 7, "needs: expected 7 flags (x, h0, c0, w_ih, w_hh, bias, w_hr)");
   TORCH_CHECK(gates.scalar_type() == compute && gates.sizes() == at::IntArrayRef({N, 4 * H}),
               "gates: expected (", N, ", ", 4 * H, ") of dtype ", compute, ", got ", gates.sizes(), " ",
               gates.scalar_type());
   check_float(d_out, "d_out", x_c.device());
-  check_shape(d_out, "d_out", {N, H});
+  check_shape(d_out, "d_out", {N, P});
   check_float(d_hn, "d_hn", x_c.device());
-  check_shape(d_hn, "d_hn", {B, H});
+  check_shape(d_hn, "d_hn", {B, P});
   TORCH_CHECK(c0.has_value() == d_cn.has_value(), "d_cn: expected exactly when c0 is given");
   if (d_cn) check_shape(*d_cn, "d_cn", {B, H});
 
   const at::Tensor gates_c = gates.contiguous();
   const at::Tensor d_out_c = d_out.to(compute).contiguous();
-  // (G*H, H) as given (row-major): the per-step dG_h W_hh is an "NN" GEMM. A transposed
+  // (G*H, P) as given (row-major): the per-step dG_h W_hh is an "NN" GEMM. A transposed
   // copy (to run it as "NT") cost a full strided pass over W_hh on every call (~3 ms at
   // H=512, 1 thread: a fixed cost that dominated short calls, e.g. checkpointed chunks)
   // and bought no measurable GEMM speed.
   const at::Tensor w_hh_c = w_hh.to(compute).contiguous();
+  const at::Tensor w_hr_c = proj ? w_hr->to(compute).contiguous() : at::Tensor();  // (P, H)
   const at::Tensor h0_s = h0.to(state).contiguous();
   const at::Tensor c0_s = c0 ? c0->to(state).contiguous() : at::zeros({B, H}, sopt);
   at::Tensor states = at::empty({N, H}, sopt);        // LSTM c_t / GRU h_{t-1}
-  at::Tensor h_prev_c = at::empty({N, H}, copt);      // h_{t-1} for dW_hh
+  at::Tensor h_prev_c = at::empty({N, H}, copt);      // h_{t-1} for dW_hh (projected: r_t)
   at::Tensor tail = at::empty({B, H}, sopt), tail_c = at::empty({B, H}, copt);
   at::Tensor dG = at::empty({N, 4 * H}, copt);
   at::Tensor db_rows = at::zeros({B, 4 * H}, sopt);
-  at::Tensor dh = d_hn.to(state).clone().contiguous();
+  // The carried dh: (B, H) into the pointwise pass; with a projection the pass starts
+  // from zeros and the (B, P) carry dh_p lives outside it, with dh_t of every token kept
+  // in d_h (N, P) for dW_hr and dr = dh_t W_hr (B, H) as the pass's output gradient.
+  at::Tensor dh = proj ? at::zeros({B, H}, sopt) : d_hn.to(state).clone().contiguous();
+  at::Tensor dh_p = proj ? d_hn.to(state).clone().contiguous() : at::Tensor();
+  at::Tensor d_h = proj ? at::empty({N, P}, copt) : at::Tensor();
+  at::Tensor dr = proj ? at::empty({B, H}, copt) : at::Tensor();
   at::Tensor dc = d_cn ? d_cn->to(state).clone().contiguous() : at::zeros({B, H}, sopt);
-  at::Tensor dh_in = at::zeros({B, H}, copt);         // per-step GEMM output
+  at::Tensor dh_in = at::zeros({B, P}, copt);         // per-step GEMM output
   at::Tensor zeros = at::zeros({H}, copt);
   const at::Tensor steps_dev = at::tensor(s.sizes).to(x_c.device());
   const at::Tensor offs_dev = at::tensor(s.offsets).to(x_c.device());
 
   // The per-step dG_h W_hh (rnn_gemm.h): with an ATen GEMM in one precision, dh_{t-1} =
   // carry + dG_h W_hh accumulates straight into dh (addmm_); otherwise the GEMM writes
-  // dh_in, added in the next step's pointwise pass.
+  // dh_in, added in the next step's pointwise pass (projected: before dh_t W_hr).
   const StepGemm step_gemm = StepGemm::backward(w_hh_c, HG, B, s.T);
-  const bool dh_direct = compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
+  const std::optional<StepGemm> unproject =
+      proj ? std::optional<StepGemm>(StepGemm::backward(w_hr_c, P, B, s.T)) : std::nullopt;
+  const bool dh_direct = !proj && compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
 
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
                         ptr<A>(tail), ptr<S>(tail_c), ptr<int64_t>(steps_dev), ptr<int64_t>(offs_dev),
-                        s.T, H, s.reverse};
+                        s.T, H, s.reverse, proj};
     Dev::template scan<Cell, S, A>(scan, B);
     int64_t m_in = 0;
     for (int64_t k = s.T - 1; k >= 0; --k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t], p = s.prev(t);
+      const S* d_rows = ptr<S>(d_out_c) + off * P;
+      if (proj) {  // dh_t = d_out + carry (n, P), kept in d_h; the pass gets dr = dh_t W_hr
+        at::Tensor carry = dh_p.narrow(0, 0, n), dh_t = d_h.narrow(0, off, n), dr_n = dr.narrow(0, 0, n);
+        carry.add_(d_out_c.narrow(0, off, n));
+        const int64_t m = std::min(m_in, n);
+        if (m) dh_p.narrow(0, 0, m).add_(dh_in.narrow(0, 0, m));
+        dh_t.copy_(carry);
+        carry.zero_();
+        const at::Tensor y = unproject->run(dh_t, dr_n);
+        if (y.data_ptr() != dr_n.data_ptr()) dr_n.copy_(y);
+        d_rows = ptr<S>(dr);
+      }
       const A* prev = p < 0 ? nullptr : ptr<A>(states) + s.offsets[p] * H;
       BwdStep<S, A> step{ptr<S>(gates_c) + off * 4 * H, ptr<A>(states) + off * H, prev, ptr<A>(c0_s),
-                         p < 0 ? 0 : s.sizes[p], ptr<S>(d_out_c) + off * H, dh_direct ? nullptr : ptr<S>(dh_in),
+                         p < 0 ? 0 : s.sizes[p], d_rows, dh_direct || proj ? nullptr : ptr<S>(dh_in),
                          ptr<S>(zeros), m_in, ptr<A>(dh), ptr<A>(dc), ptr<S>(dG) + off * 4 * H, ptr<A>(db_rows),
                          n, H};
       Dev::template backward_step<Cell, S, A>(step);
@@ -252,13 +324,13 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
       } else {
         at::Tensor dh_in_n = dh_in.narrow(0, 0, n);
         const at::Tensor y = step_gemm.run(dG_h, dh_in_n);
-        if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x H) result
+        if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x P) result
       }
       m_in = n;
     }
   });
 
-  std::vector<at::Tensor> grads(7);
+  std::vector<at::Tensor> grads(8);
   if (needs[0] || needs[3]) {
     const at::Tensor w_ih_c = w_ih.to(compute);
     at::Tensor dx, dw_ih = at::empty_like(w_ih_c);
@@ -284,14 +356,19 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
     if (needs[0]) grads[0] = dx;
     if (needs[3]) grads[3] = dw_ih.to(w_ih.scalar_type());
   }
-  if (needs[1]) grads[1] = (dh + dh_in).to(h0.scalar_type());
+  const at::Tensor carry = proj ? dh_p : dh;
+  if (needs[1]) grads[1] = (carry + dh_in).to(h0.scalar_type());
   if (needs[2] && c0) grads[2] = dc.to(c0->scalar_type());
-  if (needs[4]) grads[4] = wgrad_gemm(dG.narrow(1, 0, HG), h_prev_c).to(w_hh.scalar_type());
+  if (needs[4]) {
+    const at::Tensor h_prev = proj ? projected_prev(h_prev_c, w_hr_c, h0.to(compute), s) : h_prev_c;
+    grads[4] = wgrad_gemm(dG.narrow(1, 0, HG), h_prev).to(w_hh.scalar_type());
+  }
   if (needs[5] && bias_dtype) {
     auto [db_ih, db_hh] = Layout<Cell>::bias_grads(db_rows.sum(0), H);
     grads[5] = db_ih.to(*bias_dtype);
     grads[6] = db_hh.to(*bias_dtype);
   }
+  if (needs[6] && proj) grads[7] = wgrad_gemm(d_h, h_prev_c).to(w_hr->scalar_type());  // dh^T r
   return grads;
 }
 
