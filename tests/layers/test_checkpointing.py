@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from layer_helpers import outputs_and_grads
+from layer_helpers import outputs_and_grads, random_initial_state
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.bench.baselines import CellLoop
 from lightning_rnn.kernels.dispatch import available_backends
@@ -28,11 +28,12 @@ CASES = {
     "batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False),
 }
 PROJECTED_CASES = {  # LSTM only (proj_size): h has 2 columns, c has H
-    "three_layers_dropout_projected": dict(num_layers=3, dropout=0.4, proj_size=2),
-    "packed_bidirectional_given_state_projected": dict(
+    "projected_three_layers_dropout": dict(num_layers=3, dropout=0.4, proj_size=2),
+    "projected_packed_bidirectional_given_state": dict(
         num_layers=2, bidirectional=True, packed=True, given_state=True, proj_size=2
     ),
 }
+CELL_CASES = [(cell, name) for cell in CELLS for name in CASES] + [("lstm", name) for name in PROJECTED_CASES]
 I, H, T, B = 3, 5, 11, 4
 
 
@@ -47,29 +48,14 @@ def _forward_backward(layer, case, chunk_size, x, hx):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case_name", list(CASES))
-@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("cell, case_name", CELL_CASES)
 def test_same_outputs_and_gradients_float64(cell, case_name, backend):
-    _check_same_with_checkpointing(cell, CASES[case_name], backend)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case_name", list(PROJECTED_CASES))
-def test_projected_lstm_same_outputs_and_gradients_float64(case_name, backend):
-    _check_same_with_checkpointing("lstm", PROJECTED_CASES[case_name], backend)
-
-
-def _check_same_with_checkpointing(cell, case, backend):
+    case = (CASES | PROJECTED_CASES)[case_name]
     keys = ("num_layers", "bidirectional", "dropout", "batch_first", "bias", "proj_size")
     config = {k: case[k] for k in keys if k in case}
     layer = CELLS[cell](I, H, **config, backend=backend).double().train()
     x = torch.randn(*((B, T) if layer.batch_first else (T, B)), I, dtype=torch.float64, requires_grad=True)
-    hx = None
-    if case.get("given_state"):
-        L = layer.num_layers * layer.num_directions
-        widths = (layer.output_size, H)[: layer.cell.num_states]  # h_0, c_0
-        states = tuple(torch.randn(L, B, w, dtype=torch.float64, requires_grad=True) for w in widths)
-        hx = states if cell == "lstm" else states[0]
+    hx = random_initial_state(layer, B) if case.get("given_state") else None
     expected = _forward_backward(layer, case, None, x, hx)
     for chunk_size in (1, "sqrt", T + 5):  # 11 chunks, 3 (4 + 4 + 3 steps), 1
         got = _forward_backward(layer, case, chunk_size, x, hx)

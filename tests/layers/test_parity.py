@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from layer_helpers import outputs_and_grads
+from layer_helpers import outputs_and_grads, random_initial_state
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.kernels.dispatch import available_backends
 
@@ -28,17 +28,20 @@ CASES = {
     "batch_of_one_packed": dict(B=1, packed=True, bidirectional=True),
     "dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True),
 }
-# torch.nn.LSTM's proj_size: h (and each direction's output) has P = 2 columns, c keeps H.
+# torch.nn.LSTM's proj_size (LSTM only): h and each direction's output have P columns, c keeps H.
 PROJECTED_CASES = {
-    "one_layer": dict(proj_size=2),
-    "three_layers_bidirectional_given_state": dict(num_layers=3, bidirectional=True, given_state=True, proj_size=2),
-    "batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False, proj_size=4),
-    "packed_unsorted_bidirectional_given_state": dict(
+    "projected_one_layer": dict(proj_size=2),
+    "projected_three_layers_bidirectional_given_state": dict(
+        num_layers=3, bidirectional=True, given_state=True, proj_size=2
+    ),
+    "projected_batch_first_no_bias": dict(num_layers=2, batch_first=True, bias=False, proj_size=4),
+    "projected_packed_unsorted_bidirectional_given_state": dict(
         num_layers=2, bidirectional=True, packed=True, given_state=True, proj_size=1
     ),
-    "unbatched_given_state": dict(num_layers=2, unbatched=True, given_state=True, proj_size=3),
-    "dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True, proj_size=2),
+    "projected_unbatched_given_state": dict(num_layers=2, unbatched=True, given_state=True, proj_size=3),
+    "projected_dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True, proj_size=2),
 }
+CELL_CASES = [(cell, name) for cell in CELLS for name in CASES] + [("lstm", name) for name in PROJECTED_CASES]
 I, H = 3, 5
 
 
@@ -54,19 +57,9 @@ def _make_input(case, batch_first):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case_name", list(CASES))
-@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("cell, case_name", CELL_CASES)
 def test_matches_torch_nn_float64(cell, case_name, backend):
-    _check_parity(cell, CASES[case_name], backend)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case_name", list(PROJECTED_CASES))
-def test_projected_lstm_matches_torch_nn_float64(case_name, backend):
-    _check_parity("lstm", PROJECTED_CASES[case_name], backend)
-
-
-def _check_parity(cell, case, backend):
+    case = (CASES | PROJECTED_CASES)[case_name]
     fused_class, torch_class = CELLS[cell]
     config = dict(num_layers=case.get("num_layers", 1), bias=case.get("bias", True),
                   batch_first=case.get("batch_first", False), dropout=case.get("dropout", 0.0),
@@ -79,14 +72,7 @@ def _check_parity(cell, case, backend):
     x, inp = _make_input(case, config["batch_first"])
     hx = None
     if case.get("given_state"):
-        L = config["num_layers"] * (2 if config["bidirectional"] else 1)
-        widths = (case.get("proj_size") or H, H)[: fused.cell.num_states]  # h_0, c_0
-        states = tuple(
-            torch.randn((L, w) if case.get("unbatched") else (L, case.get("B", 4), w), dtype=torch.float64,
-                        requires_grad=True)
-            for w in widths
-        )
-        hx = states if cell == "lstm" else states[0]
+        hx = random_initial_state(fused, None if case.get("unbatched") else case.get("B", 4))
 
     out_ref, states_ref, grads_ref = outputs_and_grads(ref, x, inp, hx)
     out, states, grads = outputs_and_grads(fused, x, inp, hx)
