@@ -92,6 +92,19 @@ def test_stateful_carries_state_across_batches_and_resets_each_epoch():
         assert carried is not None and not carried[0].requires_grad
 
 
+def test_projected_lstm_carries_its_state_and_feeds_the_head():
+    """proj_size: the head reads proj_size features per step; the carried h_0 has proj_size
+    columns and c_0 hidden_size, across TBPTT chunks and across batches."""
+    model = char_lm(rnn=rnn_factory(hidden_size=8, num_layers=2, proj_size=3), tbptt_steps=4, stateful=True)
+    assert model.rnn_output_size == 3 and model.output_layer.module.in_features == 3
+    model.rnn = recorder = RecordStates(model.rnn)
+    trainer = tiny_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(model, batches_loader(token_batches(2)))
+    assert trainer.global_step == 4
+    carried = recorder.initial_states[1:]
+    assert len(carried) == 3 and all(hx[0].shape == (2, 2, 3) and hx[1].shape == (2, 2, 8) for hx in carried)
+
+
 def test_accumulation_steps_every_n_chunks_and_flushes_at_epoch_end():
     model = char_lm(tbptt_steps=4, accumulate_grad_batches=3)
     trainer = tiny_trainer(max_epochs=1)
