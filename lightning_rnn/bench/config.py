@@ -54,13 +54,15 @@ def _choices(key: str, value: Any, allowed: Sequence[str]) -> list[str]:
     return list(items)
 
 
-def _implementations(key: str, value: Any, *, packed: bool = False) -> list[str]:
+def _implementations(key: str, value: Any, *, packed: bool = False, projected: bool = False) -> list[str]:
     """A list of implementation names (see :mod:`lightning_rnn.bench.implementations`)."""
     items = _list(key, value)
     for i, name in enumerate(items):
         spec = parse_impl(name, f"{key}[{i}]")
         if packed and spec.base == "naive":
             raise ValueError(f"{key}[{i}]: 'naive' cannot run packed (variable-length) batches")
+        if projected and spec.base in ("naive", "gemm"):
+            raise ValueError(f"{key}[{i}]: {spec.base!r} has no projection (proj_size); use ours or torch")
     if len(set(items)) != len(items):
         raise ValueError(f"{key}: duplicate entries in {items!r}")
     return items
@@ -190,6 +192,26 @@ class FeaturesConfig(GridConfig):
 
 
 @dataclass
+class ProjectionConfig(GridConfig):
+    """torch.nn.LSTM's ``proj_size``: ours vs torch.nn at each (layers, hidden, proj_size)
+    point with proj_size < hidden (other fields as the grid; LSTM only: torch.nn.GRU has none)."""
+
+    _key: ClassVar[str] = "bench.projection"
+    cells: list[str] = field(default_factory=lambda: ["lstm"])
+    implementations: list[str] = field(default_factory=lambda: ["ours", "torch"])
+    layers: list[int] = field(default_factory=lambda: [1, 2])
+    hidden: list[int] = field(default_factory=lambda: [256, 512, 1024])
+    proj_sizes: list[int] = field(default_factory=lambda: [64, 256])
+
+    def __post_init__(self):
+        super().__post_init__()
+        k = self._key
+        self.cells = _choices(f"{k}.cells", self.cells, ("lstm",))
+        self.implementations = _implementations(f"{k}.implementations", self.implementations, projected=True)
+        self.proj_sizes = _ints(f"{k}.proj_sizes", self.proj_sizes)
+
+
+@dataclass
 class CallbacksConfig:
     """The callbacks' own studies (:mod:`lightning_rnn.bench.callbacks_bench`), each if it exists."""
 
@@ -211,6 +233,7 @@ class BenchConfig:
     varlen: VarlenConfig = field(default_factory=VarlenConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: the layer's "sqrt"
     rounds: int = 9  # timed rounds; each implementation runs once per round
@@ -228,6 +251,7 @@ class BenchConfig:
         self.varlen = _section(VarlenConfig, "bench.varlen", self.varlen)
         self.scaling = _section(ScalingConfig, "bench.scaling", self.scaling)
         self.features = _section(FeaturesConfig, "bench.features", self.features)
+        self.projection = _section(ProjectionConfig, "bench.projection", self.projection)
         self.callbacks = _section(CallbacksConfig, "bench.callbacks", self.callbacks)
         self.checkpoint_chunk_size = _optional_int("bench.checkpoint_chunk_size", self.checkpoint_chunk_size)
         self.rounds = _int("bench.rounds", self.rounds)

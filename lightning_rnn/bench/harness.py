@@ -7,6 +7,7 @@ Sections (each a field of :class:`~lightning_rnn.bench.config.BenchConfig` with 
 - ``varlen``: packed vs padded variable-length batches;
 - ``scaling``: time and memory vs sequence length;
 - ``features``: gradient checkpointing (``ours+ckpt``) and bf16 autocast (``ours+bf16``);
+- ``projection``: the LSTM with torch.nn's ``proj_size``, ours vs torch.nn;
 - ``callbacks``: the callbacks' own studies (checkpointing vs T, PackedSequences epoch).
 
 Adding a section = a config dataclass, a ``run_*`` function returning Tables, and one
@@ -44,10 +45,11 @@ SECTIONS: dict[str, Callable[[BenchConfig, Log], list[Table]]] = {
     "features": lambda cfg, log: [
         run_grid(cfg.features, cfg, name="features", title="training features: checkpointing and bf16", log=log)
     ],
+    "projection": lambda cfg, log: [_projection(cfg, log)],
     "callbacks": lambda cfg, log: run_callback_figures(cfg.callbacks, log=log),
 }
 
-TABLE_ORDER = ("grid", "varlen", "scaling", "features", "checkpoint_scaling", "packed_epoch")
+TABLE_ORDER = ("grid", "varlen", "scaling", "features", "projection", "checkpoint_scaling", "packed_epoch")
 
 
 @dataclass
@@ -95,6 +97,16 @@ def main(cfg: BenchConfig | Mapping | None = None, log: Log | None = None) -> Be
         torch.set_num_threads(previous_threads)
     log(f"results in {out_dir}")
     return result
+
+
+def _projection(cfg: BenchConfig, log: Log) -> Table:
+    table = run_grid(cfg.projection, cfg, name="projection", title="LSTM with a projection (proj_size)", log=log)
+    if "torch" in cfg.projection.implementations and torch.device(cfg.device).type == "cpu":
+        table.notes.append(
+            "torch.nn.LSTM with a projection runs its default CPU implementation, not oneDNN's fused RNN "
+            "(its warning: 'LSTM with projections is not supported with oneDNN')"
+        )
+    return table
 
 
 def bench_node(cfg):

@@ -52,6 +52,7 @@ class Workload:
     seq_len: int
     lengths: tuple[int, ...] | None = None  # per sequence, longest = seq_len; None: all full
     device: str = "cpu"
+    proj_size: int = 0  # LSTM: torch.nn's projection of h (ours and torch only)
 
     @property
     def packed(self) -> bool:
@@ -115,7 +116,8 @@ def build_subjects(
     workload: Workload, implementations: Sequence[str], *, checkpoint_chunk_size: int | None = None
 ) -> dict[str, Subject]:
     """One Subject per implementation name, all with the same weights and input values."""
-    ref = TORCH[workload.cell](workload.input_size, workload.hidden_size, workload.num_layers)
+    projection = {"proj_size": workload.proj_size} if workload.proj_size else {}  # torch.nn.GRU refuses the key
+    ref = TORCH[workload.cell](workload.input_size, workload.hidden_size, workload.num_layers, **projection)
     ref = ref.to(workload.device)
     x = torch.randn(workload.seq_len, workload.batch, workload.input_size, device=workload.device)  # (T, B, I)
     chunk = checkpoint_chunk(workload.seq_len, checkpoint_chunk_size)
@@ -124,6 +126,8 @@ def build_subjects(
 
 def _build(spec: ImplSpec, workload: Workload, ref: nn.Module, x: torch.Tensor, chunk: int) -> Subject:
     autocast = torch.bfloat16 if "bf16" in spec.modifiers else None
+    if workload.proj_size and spec.base in ("naive", "gemm"):
+        raise ValueError(f"implementations: {spec.base!r} has no projection (proj_size); use ours or torch")
     if spec.base == "gemm":
         plan = GemmOnly(
             workload.cell, workload.input_size, workload.hidden_size, workload.num_layers,
@@ -213,6 +217,7 @@ def point_params(workload: Workload, subjects: dict[str, Subject]) -> dict:
         "cell": workload.cell,
         "layers": workload.num_layers,
         "hidden": workload.hidden_size,
+        **({"proj": workload.proj_size} if workload.proj_size else {}),
         "input": workload.input_size,
         "batch": workload.batch,
         "seq_len": workload.seq_len,

@@ -120,6 +120,16 @@ def test_other_sections(run):
         assert features.rows[0]["mem_ours+bf16/ours"] <= 0.65
 
 
+def test_projection_section(run):
+    """One row per (layers, hidden, proj_size) with proj_size < hidden; ours saves less than torch.nn."""
+    cfg, result, _, _ = run
+    rows = result.tables["projection"].rows
+    points = [(r["layers"], r["hidden"], r["proj"]) for r in rows]
+    assert points == [(L, H, P) for L in cfg.projection.layers for H in cfg.projection.hidden
+                      for P in cfg.projection.proj_sizes if P < H]
+    assert all(0 < r["mem_ours/torch"] < 1 and r["time_ours/torch"] > 0 for r in rows)
+
+
 def test_threads_fixed_for_the_run_and_restored(run):
     _, result, lines, threads_before = run
     assert result.threads == 1
