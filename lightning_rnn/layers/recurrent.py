@@ -213,11 +213,17 @@ class FusedRNNBase(nn.Module):
         return _copy_module_state(self, module)
 
     # ----- forward ------------------------------------------------------------------
+    # torch.compile: the layer runs eagerly inside a compiled model (one clean graph break
+    # around it, the rest compiled). Tracing into it only met code Dynamo cannot trace (the
+    # batch size read off batch_sizes, the kernel build's hashing, the pybind kernels) and
+    # printed a warning for each.
+    @torch.compiler.disable
     def forward(self, input, hx=None):
         """Same contract as torch.nn: ``(output, h_n)`` for GRU, ``(output, (h_n, c_n))`` for LSTM.
 
         input: (T, B, I), (B, T, I) with batch_first, (T, I) unbatched, or a PackedSequence.
-        hx:    initial state(s) (L*D, B, H) ((L*D, H) unbatched) in the caller's batch order.
+        hx:    initial state(s) (L*D, B, P) h_0 and (L*D, B, H) c_0 ((L*D, ...) unbatched) in the
+               caller's batch order; P = proj_size if set, else H.
         """
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
         self._check_input_matches_weights(batch.data)

@@ -1,4 +1,6 @@
 """Function transforms over the fused layers: torch.func (via torch.nn's path) and torch.compile."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -73,3 +75,29 @@ def test_torch_compile_runs_the_kernels(fused_class, resolved):
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x_grad, expected_grad)
     assert len(resolved) == 2 and "torch" not in resolved
+
+
+class _WithHead(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn, self.head = rnn, nn.Linear(rnn.output_size, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("fused_class", [FusedLSTM, FusedGRU])
+def test_torch_compile_leaves_the_layer_eager_and_quiet(fused_class):
+    """Compiling a model around a fused layer: the layer is not traced (no warnings about
+    code Dynamo cannot trace, at most one graph break, around it), the rest is compiled,
+    and the numbers are eager's."""
+    torch.manual_seed(0)
+    model = _WithHead(fused_class(3, 4, num_layers=2, proj_size=2 if fused_class is FusedLSTM else 0))
+    x = torch.randn(5, 2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        explained = torch._dynamo.explain(model)(x)
+        out = torch.compile(model, backend="aot_eager")(x)
+    assert [str(w.message) for w in caught if "Dynamo" in str(w.message)] == []
+    assert explained.graph_break_count <= 1 and explained.graph_count >= 1
+    torch.testing.assert_close(out, model(x))
