@@ -8,6 +8,7 @@ the packed layout with ``batch_sizes = [B] * T`` (a view, no copy, when time-maj
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -45,8 +46,9 @@ class SequenceBatch:
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
         return cls(x.reshape(T * B, input_size), batch_sizes, None, None, kind, batch_first and kind == "padded")
 
-    @property
+    @cached_property
     def batch(self) -> int:
+        """B: the number of sequences (batch_sizes[0]; read once, it costs a tensor index)."""
         return int(self.batch_sizes[0])
 
     @property
