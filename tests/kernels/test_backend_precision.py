@@ -14,6 +14,7 @@ from lightning_rnn.utils.memory import SavedTensorsMeter
 from kernel_cases import kernels_for, make_args, run_and_grad
 
 SCHEDULE = [6, 6, 5, 4, 4, 2, 1]
+CELLS, CELL_IDS = [("lstm", None), ("gru", None), ("lstm", 12)], ["lstm", "gru", "lstm_projected"]  # P: proj size
 
 
 def _run(module, cell, autocast: bool, P=None):
@@ -32,7 +33,7 @@ def _rel_err(got, want) -> float:
                for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("cell, P", [("lstm", None), ("gru", None), ("lstm", 12)], ids=["lstm", "gru", "lstm_projected"])
+@pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
 def test_bf16_autocast_memory_dtypes_accuracy(cell, P):
     cpp = kernels_for("cpp")
     fp32, fp32_dtypes, fp32_bytes = _run(cpp, cell, autocast=False, P=P)
@@ -46,7 +47,7 @@ def test_bf16_autocast_memory_dtypes_accuracy(cell, P):
     assert _rel_err(bf16, ref) <= 0.02
 
 
-@pytest.mark.parametrize("cell, P", [("lstm", None), ("gru", None), ("lstm", 12)], ids=["lstm", "gru", "lstm_projected"])
+@pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
 def test_fp32_saves_no_more_than_reference(cell, P):
     cpp = kernels_for("cpp")
     assert _run(cpp, cell, autocast=False, P=P)[2] <= _run(reference, cell, autocast=False, P=P)[2]

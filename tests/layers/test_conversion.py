@@ -48,7 +48,8 @@ def test_repr_and_init_range():
     bound = 1 / 16**0.5
     assert all(p.abs().max() <= bound for p in layer.parameters())
     projected = FusedLSTM(3, 16, proj_size=4)
-    assert repr(projected) == "FusedLSTM(3, 16, proj_size=4)" and repr(projected.to_torch()) == "LSTM(3, 16, proj_size=4)"
+    assert repr(projected) == "FusedLSTM(3, 16, proj_size=4)"
+    assert repr(projected.to_torch()) == "LSTM(3, 16, proj_size=4)"
     assert projected.weight_hr_l0.shape == (4, 16) and projected.weight_hr_l0.abs().max() <= bound  # as torch.nn
 
 

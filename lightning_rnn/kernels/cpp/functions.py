@@ -2,9 +2,10 @@
 
 Same signatures, semantics and saved tensors as :mod:`lightning_rnn.kernels.reference`:
 saved are the layer input in the compute dtype, the activated gates (N, 4H) in the
-compute dtype, h0, c0 and the weights (with the LSTM's projection w_hr, if any). The extension does all the rest: the input
-projection GEMM, the time loop (one GEMM + one fused pointwise pass per step), the
-backward scan, the backward loop and the weight-gradient GEMMs.
+compute dtype, h0, c0 and the weights (with the LSTM's projection w_hr, if any). The
+extension does all the rest: the input projection GEMM, the time loop (one GEMM + one
+fused pointwise pass per step; a second GEMM with a projection), the backward scan, the
+backward loop and the weight-gradient GEMMs.
 
 Precisions the extension does not implement (e.g. bf16/fp16 *weights* without
 autocast) run on the reference backend, which implements every precision.
