@@ -164,10 +164,11 @@ def run_chunked(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Run ``span`` over chunks of ``length`` steps, recomputing each in backward.
 
-    x: (N, I) packed rows; init: (B, H) states; masks: (N, F) row-aligned tensors sliced
-    with x; weights: passed whole to every chunk; weight_packs: the kernel backend's
-    store factory, if it has one (see the module docstring). Returns ``out (N, F)`` and
-    the final (B, H) states, in the order of ``init``.
+    x: (N, I) packed rows; init: (B, ·) states (h has proj_size columns with a
+    projection, c hidden_size); masks: (N, F) row-aligned tensors sliced with x; weights:
+    passed whole to every chunk (None entries included); weight_packs: the kernel
+    backend's store factory, if it has one (see the module docstring). Returns
+    ``out (N, F)`` and the final states, shaped as ``init`` and in its order.
     """
     carried = list(init)
     outs: list[torch.Tensor] = []
