@@ -84,14 +84,17 @@ def resolve(backend: str, device: torch.device) -> str:
     :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
     and process) and moves on, ending at ``"reference"``. Named backends raise
     :class:`BackendUnavailable` instead of falling back. On the meta device (shape
-    inference, deferred initialization) and inside ``torch.func`` transforms every
-    backend resolves to ``"torch"``.
+    inference, deferred initialization), inside ``torch.func`` transforms and while a
+    graph is captured for export (``torch.export``, ``torch.jit.trace``) every backend
+    resolves to ``"torch"``.
     """
     check_backend_name(backend)
     if torch.device(device).type == "meta":
         return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
     if _torch_func_active():
         return "torch"  # the kernels' autograd.Functions are not torch.func-transformable
+    if torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return "torch"  # captured as aten.lstm / aten.gru, which exported programs can run
     if backend != "auto":
         if backend in KERNEL_BACKENDS:
             load(backend)

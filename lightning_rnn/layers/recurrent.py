@@ -226,10 +226,10 @@ class FusedRNNBase(nn.Module):
                caller's batch order; P = proj_size if set, else H.
         """
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
-        self._check_input_matches_weights(batch.data)
+        self._check_input_matches_weights(batch.source)
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
         # An empty batch (B = 0) gives torch.nn's empty outputs; the kernels need rows.
-        backend = "torch" if batch.batch == 0 else dispatch.resolve(self.backend, batch.data.device)
+        backend = "torch" if batch.batch == 0 else dispatch.resolve(self.backend, batch.source.device)
         if backend == "torch":
             if self.checkpoint_chunk_size is not None and self.backend == "torch":
                 warnings.warn(
@@ -321,10 +321,8 @@ class FusedRNNBase(nn.Module):
         fn = getattr(torch._VF, self.cell.name)
         hx = tuple(states) if self.cell.num_states > 1 else states[0]
         args = (self.flat_weights(), self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
-        if batch.is_full:
-            T = len(batch.batch_sizes)
-            out, *final = fn(batch.data.view(T, batch.batch, batch.data.shape[-1]), hx, *args, False)
-            out = out.reshape(T * batch.batch, out.shape[-1])
+        if batch.is_full:  # (T, B, F) out, as restore() takes it
+            out, *final = fn(batch.source, hx, *args, False)
         else:
             out, *final = fn(batch.data, batch.batch_sizes, hx, *args)
         return out, final
@@ -347,7 +345,7 @@ class FusedRNNBase(nn.Module):
         shapes = [(L, w) if batch.unbatched else (L, B, w) for w in widths]
         name = type(self).__name__
         if hx is None:  # one zeros tensor per width: h_0 and c_0 share it without a projection
-            zeros = {w: batch.data.new_zeros(L, B, w) for w in set(widths)}
+            zeros = {w: batch.source.new_zeros(L, B, w) for w in set(widths)}
             return [zeros[w] for w in widths]
         if len(widths) > 1:
             if not isinstance(hx, (tuple, list)) or len(hx) != len(widths):
@@ -365,10 +363,11 @@ class FusedRNNBase(nn.Module):
                 raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
             if tuple(s.shape) != expected:
                 raise ValueError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
-            if s.device != batch.data.device:
-                raise ValueError(f"hx: expected {label} on {batch.data.device}, got {s.device}")
-            if s.dtype != batch.data.dtype and not torch.is_autocast_enabled(s.device.type):
-                raise TypeError(f"hx: expected {label} of dtype {batch.data.dtype} like the input, got {s.dtype}")
+            x = batch.source
+            if s.device != x.device:
+                raise ValueError(f"hx: expected {label} on {x.device}, got {s.device}")
+            if s.dtype != x.dtype and not torch.is_autocast_enabled(s.device.type):
+                raise TypeError(f"hx: expected {label} of dtype {x.dtype} like the input, got {s.dtype}")
             states.append(s.unsqueeze(1) if batch.unbatched else s)
         return states
 

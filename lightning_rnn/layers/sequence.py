@@ -3,7 +3,8 @@
 torch.nn recurrent layers take a padded tensor ``(T, B, I)`` (``(B, T, I)`` with
 ``batch_first``), an unbatched ``(T, I)`` tensor, or a PackedSequence. The kernels take
 one layout: packed, time-major rows ``(N, I)`` plus ``batch_sizes``. A full batch is
-the packed layout with ``batch_sizes = [B] * T`` (a view, no copy, when time-major).
+the packed layout with ``batch_sizes = [B] * T`` (a view, no copy, when time-major);
+torch.nn's path takes it as the ``(T, B, I)`` tensor itself.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 @dataclass
 class SequenceBatch:
-    data: torch.Tensor  # (N, I) packed time-major rows
+    source: torch.Tensor  # packed: the (N, I) rows; full batches: the (T, B, I) time-major tensor
     batch_sizes: torch.Tensor  # (T,) int64 on CPU, non-increasing
     sorted_indices: torch.Tensor | None  # packed input only: batch row -> sorted position
     unsorted_indices: torch.Tensor | None
@@ -44,12 +45,21 @@ class SequenceBatch:
         if T == 0:
             raise ValueError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
-        return cls(x.reshape(T * B, input_size), batch_sizes, None, None, kind, batch_first and kind == "padded")
+        return cls(x, batch_sizes, None, None, kind, batch_first and kind == "padded")
+
+    @cached_property
+    def data(self) -> torch.Tensor:
+        """(N, I) packed time-major rows, the kernels' layout (a view of a contiguous full batch)."""
+        return self.source if self.kind == "packed" else self.source.reshape(-1, self.source.shape[-1])
 
     @cached_property
     def batch(self) -> int:
-        """B: the number of sequences (batch_sizes[0]; read once, it costs a tensor index)."""
-        return int(self.batch_sizes[0])
+        """B: the number of sequences.
+
+        A full batch's from its shape (no data-dependent read while a graph is captured for
+        export); a packed one's is batch_sizes[0], read once (it costs a tensor index).
+        """
+        return self.source.shape[1] if self.is_full else int(self.batch_sizes[0])
 
     @property
     def is_full(self) -> bool:
@@ -61,10 +71,10 @@ class SequenceBatch:
         return self.kind == "unbatched"
 
     def restore(self, out: torch.Tensor):
-        """Packed ``(N, F)`` kernel output -> the caller's layout."""
+        """Packed ``(N, F)`` output (a full batch's also as ``(T, B, F)``) -> the caller's layout."""
         if self.kind == "packed":
             return PackedSequence(out, self.batch_sizes, self.sorted_indices, self.unsorted_indices)
-        y = out.view(len(self.batch_sizes), self.batch, out.shape[-1])  # (T, B, F)
+        y = out if out.dim() == 3 else out.view(len(self.batch_sizes), self.batch, out.shape[-1])  # (T, B, F)
         if self.kind == "unbatched":
             return y.squeeze(1)
         return y.transpose(0, 1) if self.batch_first else y

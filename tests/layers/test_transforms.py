@@ -1,4 +1,5 @@
 """Function transforms over the fused layers: torch.func (via torch.nn's path) and torch.compile."""
+import io
 import warnings
 
 import pytest
@@ -80,7 +81,7 @@ def test_torch_compile_runs_the_kernels(fused_class, resolved):
 class _WithHead(nn.Module):
     def __init__(self, rnn):
         super().__init__()
-        self.rnn, self.head = rnn, nn.Linear(rnn.output_size, 2)
+        self.rnn, self.head = rnn, nn.Linear(rnn.output_size * (2 if rnn.bidirectional else 1), 2)
 
     def forward(self, x):
         return self.head(self.rnn(x)[0])
@@ -101,3 +102,49 @@ def test_torch_compile_leaves_the_layer_eager_and_quiet(fused_class):
     assert [str(w.message) for w in caught if "Dynamo" in str(w.message)] == []
     assert explained.graph_break_count <= 1 and explained.graph_count >= 1
     torch.testing.assert_close(out, model(x))
+
+
+EXPORT_CASES = [
+    (FusedLSTM, {}),
+    (FusedLSTM, {"bidirectional": True, "proj_size": 2}),
+    (FusedGRU, {"batch_first": True}),
+]
+
+
+@pytest.mark.parametrize("fused_class, kwargs", EXPORT_CASES)
+def test_torch_export_with_a_dynamic_batch(fused_class, kwargs):
+    """torch.export captures torch.nn's op (aten.lstm / aten.gru), and the program runs a
+    batch of another size with the numbers of the layer's own kernels."""
+    torch.manual_seed(0)
+    model = _WithHead(fused_class(3, 4, num_layers=2, **kwargs)).eval()
+    batch_dim = 0 if kwargs.get("batch_first") else 1
+    shape = [5, 5, 3]
+    shape[batch_dim] = 2
+    program = torch.export.export(
+        model, (torch.randn(*shape),), dynamic_shapes=({batch_dim: torch.export.Dim("batch")},)
+    )
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert f"aten.{fused_class.cell.name}.input" in ops
+    shape[batch_dim] = 7
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x))
+
+
+@pytest.mark.parametrize("fused_class, kwargs", EXPORT_CASES)
+def test_torch_jit_trace_saves_and_loads(fused_class, kwargs):
+    """A traced model holds torch.nn's op, so it saves and loads as TorchScript (a traced
+    kernel call would be a Python op, which cannot be saved)."""
+    torch.manual_seed(0)
+    model = _WithHead(fused_class(3, 4, num_layers=2, **kwargs)).eval()
+    x = torch.randn(5, 2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # Python ints of the shapes
+        traced = torch.jit.trace(model, (x,))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    other = torch.randn(5, 2, 3)  # not the traced input: a recorded constant would not follow it
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(other), model(other))
