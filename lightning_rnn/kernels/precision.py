@@ -34,3 +34,13 @@ class Precision:
 def autocast_off(device: torch.device):
     """Context in which the kernel casts by hand: autocast must not re-cast our GEMMs."""
     return torch.autocast(device.type, enabled=False)
+
+
+def compute_input(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x in the dtype a kernel computes in, contiguous: the kernel then saves its own input.
+
+    The cast runs outside the kernel's autograd.Function, recorded by autograd, so what
+    the Function saves for backward is connected to the graph; a backward with
+    create_graph=True differentiates through it (see :mod:`.differentiable`).
+    """
+    return x.to(Precision.for_call(x, weight).compute).contiguous()

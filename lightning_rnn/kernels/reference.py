@@ -8,7 +8,9 @@ Each cell is a ``torch.autograd.Function`` that
 3. saves only the layer input, the activated gates (low precision under autocast)
    and the initial state; ``c_t``/``h_t`` are rebuilt in backward by a pointwise scan,
 4. runs a hand-written backward time loop, then computes the weight gradients as
-   large GEMMs over all N rows at once.
+   large GEMMs over all N rows at once;
+5. under ``create_graph=True`` hands the backward to :mod:`.differentiable` instead, so
+   that its gradients can be differentiated again.
 
 Shapes (packed time-major, see :mod:`lightning_rnn.kernels.steps`):
     x        (N, I)     N = sum(batch_sizes) real tokens
@@ -27,9 +29,8 @@ is rebuilt from the gates and the rebuilt c_t, ``h_t`` from it by one GEMM over 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
-
-from .precision import Precision, autocast_off
+from . import differentiable
+from .precision import Precision, autocast_off, compute_input
 from .steps import Steps, gather_prev
 
 
@@ -94,15 +95,18 @@ class LSTMFunction(torch.autograd.Function):
                 c[:n].mul_(f).addcmul_(i, gg)
                 h[:n] = _project(o * c[:n].tanh(), w_hr_c, p)
                 out[rows] = h[:n]
-        ctx.steps, ctx.precision = steps, p
+        ctx.steps, ctx.precision, ctx.batch_sizes, ctx.x_is_input = steps, p, batch_sizes, x_c is x
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        ctx.save_for_backward(x_c, gates.to(p.compute), h0, c0, w_ih, w_hh, w_hr)
+        ctx.save_for_backward(x_c, gates.to(p.compute), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
         return out, h.to(p.compute), c
 
     @staticmethod
-    @once_differentiable  # hand-written backward: no double backward
     def backward(ctx, d_out, d_hn, d_cn):
-        x_c, gates_c, h0, c0, w_ih, w_hh, w_hr = ctx.saved_tensors
+        x_c, gates_c, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+            inputs = (x_c, ctx.batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, ctx.steps.reverse, w_hr)
+            grads = (d_out, d_hn, d_cn)
+            return differentiable.backward("lstm", inputs, ctx.needs_input_grad, grads, ctx.x_is_input)
         steps, p = ctx.steps, ctx.precision
         H = c0.shape[1]
         with autocast_off(x_c.device):
@@ -194,15 +198,17 @@ class GRUFunction(torch.autograd.Function):
                 nn_ = G[:, 2 * H : 3 * H]
                 h[:n] = nn_ + z * (h[:n] - nn_)
                 out[rows] = h[:n]
-        ctx.steps, ctx.precision = steps, p
+        ctx.steps, ctx.precision, ctx.batch_sizes, ctx.x_is_input = steps, p, batch_sizes, x_c is x
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        ctx.save_for_backward(x_c, gates.to(p.compute), h0, w_ih, w_hh)
+        ctx.save_for_backward(x_c, gates.to(p.compute), h0, w_ih, w_hh, b_ih, b_hh)
         return out, h.to(p.compute)
 
     @staticmethod
-    @once_differentiable  # hand-written backward: no double backward
     def backward(ctx, d_out, d_hn):
-        x_c, gates_c, h0, w_ih, w_hh = ctx.saved_tensors
+        x_c, gates_c, h0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+            inputs = (x_c, ctx.batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, ctx.steps.reverse)
+            return differentiable.backward("gru", inputs, ctx.needs_input_grad, (d_out, d_hn), ctx.x_is_input)
         steps, p = ctx.steps, ctx.precision
         H = w_hh.shape[1]
         with autocast_off(x_c.device):
@@ -255,8 +261,9 @@ class GRUFunction(torch.autograd.Function):
 
 
 def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
+    x = compute_input(x, w_ih)
     return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
 
 
 def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
-    return GRUFunction.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+    return GRUFunction.apply(compute_input(x, w_ih), batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)

@@ -38,7 +38,6 @@ from functools import partial
 from typing import Callable, Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..kernels.steps import Steps
 
@@ -128,11 +127,13 @@ class RecomputedChunk(torch.autograd.Function):
             return run(*inputs)
 
     @staticmethod
-    @once_differentiable  # the recomputation is differentiated once, without create_graph
     def backward(ctx, *grad_outputs):
         needs = ctx.needs_input_grad[2:]  # (run, packs, *inputs)
+        # create_graph=True (a gradient of a gradient): rerun on the saved inputs themselves,
+        # connected to the graph, and keep the graph of the gradients; else on detached copies.
+        create_graph = torch.is_grad_enabled()
         inputs = [
-            t if t is None else t.detach().requires_grad_(need)
+            t if t is None or create_graph else t.detach().requires_grad_(need)
             for t, need in zip(ctx.saved_tensors, needs)
         ]
         device_type, enabled, dtype = ctx.autocast
@@ -140,10 +141,13 @@ class RecomputedChunk(torch.autograd.Function):
             with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
                 outputs = ctx.run(*inputs)
             pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
-            wrt = [t for t in inputs if t is not None and t.requires_grad]
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
+            wrt = [t for t, need in zip(inputs, needs) if t is not None and need]
+            grads = torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True, create_graph=create_graph
+            )
         ctx.packs.chunk_done()
-        return (None, None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
+        grads = iter(grads)
+        return (None, None, *(next(grads) if t is not None and need else None for t, need in zip(inputs, needs)))
 
 
 def _call_span(span: Span, batch_sizes: torch.Tensor, num_masks: int, num_states: int, x, *rest):

@@ -130,17 +130,3 @@ def test_nan_in_one_sequence_leaves_other_rows_alone(layer_class):
     torch.testing.assert_close(dirty[:, keep], clean[:, keep], rtol=0, atol=0)
     (dirty[:, keep].sum()).backward()
     assert torch.isfinite(x_bad.grad[:, keep]).all()
-
-
-@pytest.mark.parametrize("chunk_size", [None, 2])
-@pytest.mark.parametrize("backend", ["reference", "cpp"])
-@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
-def test_double_backward_raises_instead_of_giving_wrong_gradients(layer_class, backend, chunk_size):
-    """The backward is hand-written: a gradient of a gradient (e.g. a gradient penalty) must raise."""
-    if backend not in available_backends("cpu"):
-        pytest.skip(f"the {backend} backend is not available")
-    layer = layer_class(5, 7, backend=backend, checkpoint_chunk_size=chunk_size)
-    x = torch.randn(4, 2, 5, requires_grad=True)
-    (g,) = torch.autograd.grad(layer(x)[0].square().sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        g.square().sum().backward()

@@ -7,6 +7,9 @@ extension does all the rest: the input projection GEMM, the time loop (one GEMM 
 fused pointwise pass per step; a second GEMM with a projection), the backward scan, the
 backward loop and the weight-gradient GEMMs.
 
+A backward with ``create_graph=True`` runs :mod:`lightning_rnn.kernels.differentiable`
+instead of the extension, so that its gradients can be differentiated again.
+
 Precisions the extension does not implement (e.g. bf16/fp16 *weights* without
 autocast) run on the reference backend, which implements every precision.
 """
@@ -16,10 +19,8 @@ from types import ModuleType
 from typing import Callable
 
 import torch
-from torch.autograd.function import once_differentiable
-
-from .. import reference
-from ..precision import Precision, autocast_off
+from .. import differentiable, reference
+from ..precision import Precision, autocast_off, compute_input
 
 _SUPPORTED = {
     (torch.float32, torch.float32),
@@ -52,12 +53,16 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
                 x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state
             )
         ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
-        ctx.bias_dtype, ctx.num_inputs = _bias_dtype(b_ih), 2 + len(args)
-        ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh, w_hr)
+        ctx.bias_dtype, ctx.num_inputs, ctx.x_is_input = _bias_dtype(b_ih), 2 + len(args), x_c is x
+        ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh, b_ih, b_hh, w_hr)
         return (out, h_n, c_n)[: 1 + num_states]
 
     def backward(ctx, d_out, *d_states):
-        x_c, gates, *states, w_ih, w_hh, w_hr = ctx.saved_tensors
+        x_c, gates, *states, w_ih, w_hh, b_ih, b_hh, w_hr = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+            inputs = (x_c, ctx.batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, ctx.reverse, w_hr)[: ctx.num_inputs]
+            grads = (d_out, *d_states)
+            return differentiable.backward(cell, inputs, ctx.needs_input_grad, grads, ctx.x_is_input)
         c0, d_cn = (states[1], d_states[1]) if num_states == 2 else (None, None)
         # n: (x, batch_sizes, *states, w_ih, w_hh, b_ih, b_hh, reverse[, w_hr])
         n, w = ctx.needs_input_grad, 2 + num_states
@@ -72,9 +77,7 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
         return grads[: ctx.num_inputs]
 
     doc = f"One direction of one {cell.upper()} layer on the compiled kernels (see the module docstring)."
-    # once_differentiable: the backward is the extension's, not a graph of torch ops, so a
-    # double backward must raise rather than silently differentiate a partial graph.
-    members = {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(backward)), "__doc__": doc}
+    members = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc}
     return type(f"{cell.upper()}Function", (torch.autograd.Function,), members)
 
 
@@ -90,11 +93,12 @@ def make_functions(get_ext: Callable[[], ModuleType]):
     def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
         if not supported(x, w_ih):
             return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+        x = compute_input(x, w_ih)
         return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
 
     def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
         if not supported(x, w_ih):
             return reference.gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
-        return GRUFunction.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+        return GRUFunction.apply(compute_input(x, w_ih), batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
 
     return LSTMFunction, GRUFunction, lstm, gru
