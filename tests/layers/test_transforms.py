@@ -148,3 +148,22 @@ def test_torch_jit_trace_saves_and_loads(fused_class, kwargs):
     other = torch.randn(5, 2, 3)  # not the traced input: a recorded constant would not follow it
     with torch.no_grad():
         torch.testing.assert_close(loaded(other), model(other))
+
+
+@pytest.mark.parametrize("fused_class", [FusedLSTM, FusedGRU])
+def test_onnx_export_runs_in_onnxruntime(fused_class, tmp_path):
+    """Through torch.export to ONNX (torch's exporter), run by onnxruntime on another batch size."""
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript (the dev extra)")
+    ort = pytest.importorskip("onnxruntime", reason="the dev extra installs onnxruntime")
+    torch.manual_seed(0)
+    model = _WithHead(fused_class(3, 4, num_layers=2, bidirectional=True)).eval()
+    program = torch.onnx.export(
+        model, (torch.randn(5, 2, 3),), dynamo=True, dynamic_shapes=({1: torch.export.Dim("batch")},), verbose=False
+    )
+    path = tmp_path / "model.onnx"
+    program.save(str(path))
+    session = ort.InferenceSession(str(path))
+    x = torch.randn(5, 6, 3)
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(x), rtol=1e-5, atol=1e-5)
