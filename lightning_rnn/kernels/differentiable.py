@@ -1,17 +1,19 @@
 """One direction of one layer as a graph of torch ops: gradients of gradients.
 
-Every backend's backward is hand-written, so autograd cannot differentiate it. When a
-backward runs with ``create_graph=True`` (a gradient penalty, a Hessian-vector product,
-meta-learning), the backends' Functions instead rerun the layer-direction from their
-saved inputs with the functions below and let autograd differentiate that graph; the
-gradients it returns can be differentiated again, as often as wanted.
+The reference and compiled backends' backward passes are hand-written, so autograd
+cannot differentiate them. When a backward runs with ``create_graph=True`` (a gradient
+penalty, a Hessian-vector product, meta-learning), their Functions instead rerun the
+layer-direction from their saved inputs with the functions below and let autograd
+differentiate that graph; the gradients it returns can be differentiated again, as often
+as wanted.
 
 Same math, shapes and packed layout as :mod:`lightning_rnn.kernels.reference`, written
-out of place so that autograd can record it (the input projection is split into steps
-rather than indexed per step: the backward of N-row slices would cost O(T^2)). It computes in the weights' dtype (under
-autocast too: the gradients of a create_graph backward are fp32 ones), and it costs one
-more forward of the layer-direction, with autograd's own activation memory, per such
-backward; a plain backward never comes here.
+out of place so that autograd can record it; the input projection is split into steps
+rather than indexed per step (the backward of each N-row index would cost O(N), O(T^2) in
+all). It computes in the weights' dtype (under autocast too: the gradients of a
+create_graph backward are fp32 ones), and it costs one more forward of the
+layer-direction, with autograd's own activation memory, per such backward; a plain
+backward never comes here.
 """
 from __future__ import annotations
 
