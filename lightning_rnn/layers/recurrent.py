@@ -357,13 +357,12 @@ class FusedRNNBase(nn.Module):
             raise TypeError(f"hx: {name} expects a tensor h_0 of shape {shapes[0]}, got {_describe(hx)}")
         else:
             hx = (hx,)
-        states = []
+        states, x = [], batch.source
         for label, s, expected in zip(("h_0", "c_0"), hx, shapes):
             if not isinstance(s, torch.Tensor):
                 raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
             if tuple(s.shape) != expected:
                 raise ValueError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
-            x = batch.source
             if s.device != x.device:
                 raise ValueError(f"hx: expected {label} on {x.device}, got {s.device}")
             if s.dtype != x.dtype and not torch.is_autocast_enabled(s.device.type):
