@@ -84,6 +84,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
   m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
   m.def("num_threads", &at::get_num_threads, "intra-op threads seen by the extension");
+  m.def("transposed", &transposed, "a^T as a new contiguous tensor (the weight gradients' blocked transpose)");
+  m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/16), K, 16) panels");
   py::class_<WeightPacks>(m, "WeightPacks", "packed weights reused by kernel calls while active (`with store:`)")
       .def(py::init<>())
       .def("__enter__", [](WeightPacks& p) -> WeightPacks& { p.enter(); return p; }, py::return_value_policy::reference)

@@ -9,8 +9,9 @@
 //             to 64 rows run faster still on panels (rnn_panels.h, StepGemm below);
 //   x W_ih^T, N=2500, H=512, packed:               80 ms (+3 ms packing) vs 105 ms;
 //   dG W_ih,  N=2500, H=512, plain strided weight: 88 ms vs 98 ms.
-//   dG^T x,   N=2500, H=512, as (x^T dG)^T: both operands transposed views, plus the
-//             transposed copy to the weight's layout (~3 ms): 92 + 3 ms vs 117 ms.
+//   dG^T x,   N=2500, H=512, as (x^T dG)^T: x^T copied contiguous, dG^T a view, the
+//             result transposed back to the weight's layout: 92 ms + the two copies
+//             (rnn_transpose.h: 3.6 + 2.4 ms, ATen's strided copies 4.4 + 3.1) vs 117 ms.
 // Those two unpacked-weight GEMMs are slow in oneDNN at sizes that are not powers of two
 // (dnnl_plain_weight_fast), which then use at::mm.
 // The ops are looked up in the dispatcher at run time (boxed calls, no link-time
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "rnn_panels.h"
+#include "rnn_transpose.h"
 
 namespace lrnn {
 
@@ -233,8 +235,8 @@ inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack 
 inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
   if (DnnlGemm::usable(x) && dG.is_contiguous() && dG.size(1) >= kDnnlMinDim && x.size(1) >= kDnnlMinDim &&
       x.size(0) >= 512 && dnnl_plain_weight_fast(dG.size(1), x.size(1))) {
-    at::Tensor y = DnnlGemm::linear(x.t(), dG.t());  // (in, out)
-    if (y.defined()) return y.t().contiguous();
+    at::Tensor y = DnnlGemm::linear(transposed(x), dG.t());  // (in, out)
+    if (y.defined()) return transposed(y);
   }
   return at::mm(dG.t(), x);
 }

@@ -1,0 +1,57 @@
+"""The cpp backend's layout copies: the blocked transpose of the weight gradients and the
+panels of the per-step GEMM, exact against torch's own copies."""
+import pytest
+import torch
+
+from lightning_rnn.kernels import cpp
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return cpp.load()
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (32, 32), (40, 24), (549, 200), (549, 203), (19, 37), (2500, 64), (64, 1024)])
+def test_transposed_equals_the_strided_copy(ext, shape):
+    """8 x 8 register blocks in 32 x 32 tiles with ragged edges on either side."""
+    a = torch.randn(*shape)
+    got = ext.transposed(a)
+    assert got.is_contiguous() and torch.equal(got, a.t())
+
+
+def test_transposed_of_a_row_strided_view_and_other_dtypes(ext):
+    base = torch.randn(70, 50)
+    view = base[3:60, 5:45]  # row stride 50, unit column stride: the blocked path
+    assert torch.equal(ext.transposed(view), view.t())
+    for a in (base.t(), base.double(), base.to(torch.bfloat16)):  # not blockable: ATen's copy
+        got = ext.transposed(a)
+        assert got.dtype == a.dtype and got.is_contiguous() and torch.equal(got, a.t())
+
+
+def _panels(m):
+    """(K, N) -> (ceil(N / 16), K, 16), zero-padded: what the step GEMM reads."""
+    K, N = m.shape
+    P = (N + 15) // 16
+    padded = torch.zeros(K, P * 16)
+    padded[:, :N] = m
+    return padded.view(K, P, 16).permute(1, 0, 2)
+
+
+@pytest.mark.parametrize("K, N", [(1, 1), (20, 80), (20, 60), (37, 20), (512, 2048), (2048, 512)])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed_view", "row_strided"])
+def test_panels_equal_the_padded_permuted_copy(ext, K, N, layout):
+    """Row copies where M's columns are contiguous (the backward's W_hh), column walks for
+    a transposed view (the forward's W_hh^T), and a zero-padded last panel."""
+    if layout == "contiguous":
+        m = torch.randn(K, N)
+    elif layout == "transposed_view":
+        m = torch.randn(N, K).t()
+    else:
+        m = torch.randn(K, N + 5)[:, 2:N + 2]
+    got = ext.panels(m)
+    assert got.shape == (-(-N // 16), K, 16) and got.is_contiguous() and torch.equal(got, _panels(m))
+
+
+def test_panels_reject_a_non_float32_matrix(ext):
+    with pytest.raises(RuntimeError, match="float32 matrix"):
+        ext.panels(torch.randn(4, 4).double())
