@@ -194,3 +194,82 @@ def test_weights_packed_once_per_pass_and_released(bidirectional, monkeypatch):
     # float32 through oneDNN's packed GEMMs (checkpointed) vs MKL's at 5-step chunks: rounding only
     for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif("cpp" not in BACKENDS, reason="needs the cpp backend")
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_kernel_sums_the_chunks_weight_gradients_in_place(cell, monkeypatch):
+    """Every chunk after the first of a backward pass adds its weight gradients into the
+    pass's running sums (no fresh gradient per chunk); the sums equal the plain gradients."""
+    from lightning_rnn.kernels.grad_sink import GradSink
+
+    given = []
+    into = GradSink.into
+
+    def spy(self, w, dtype):
+        total = into(self, w, dtype)
+        given.append(total is not None)
+        return total
+
+    layer = CELLS[cell](I, H, num_layers=2, backend="cpp").double()
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    expected = outputs_and_grads(layer, x, x, None)
+    monkeypatch.setattr(GradSink, "into", spy)
+    layer.checkpoint_chunk_size = "sqrt"  # 3 chunks of the 2-layer stack
+    got = outputs_and_grads(layer, x, x, None)
+    assert len(given) == 3 * 2 * 2 and sum(given) == 2 * 2 * 2  # W_ih, W_hh of 2 layers, 3 chunks
+    for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retained_graph_after_an_aborted_pass_and_twice(backend, monkeypatch):
+    """A backward pass that fails halfway leaves no partial sums behind: the next pass over
+    the retained graph starts afresh, and a second pass adds to .grad like torch.nn."""
+    from lightning_rnn.kernels.grad_sink import GradSink
+
+    layer = FusedLSTM(I, H, num_layers=2, bidirectional=True, backend=backend).double()
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    layer(x)[0].square().sum().backward()
+    expected = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    layer.checkpoint_chunk_size = 4  # 3 chunks per layer-direction
+    loss = layer(x)[0].square().sum()
+    calls, keep = [], GradSink.keep
+
+    def failing(self, w, grad, owned=False):
+        calls.append(w)
+        if len(calls) == 5:
+            raise RuntimeError("interrupted")
+        return keep(self, w, grad, owned)
+
+    monkeypatch.setattr(GradSink, "keep", failing)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        loss.backward(retain_graph=True)
+    monkeypatch.setattr(GradSink, "keep", keep)
+    layer.zero_grad()
+    loss.backward(retain_graph=True)
+    for p, e in zip(layer.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, e, rtol=1e-10, atol=1e-12)
+    loss.backward()
+    for p, e in zip(layer.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, 2 * e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_bf16_checkpointed_gradients_match_unchunked(cell):
+    """Under autocast the kernels compute in bf16 and the weights stay fp32: the chunks' fp32
+    weight gradients are summed (not into the kernel's GEMM) and match the unchunked layer's."""
+    torch.manual_seed(0)
+    layer = CELLS[cell](8, 16, num_layers=2)
+    x = torch.randn(12, 3, 8, requires_grad=True)
+    grads = []
+    for chunk in (None, 4):
+        layer.checkpoint_chunk_size = chunk
+        layer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x)[0]
+        out.float().square().sum().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 from .. import differentiable, reference
+from ..grad_sink import GradSink
 from ..precision import Precision, autocast_off, compute_input
 
 _SUPPORTED = {
@@ -68,11 +69,15 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
         n, w = ctx.needs_input_grad, 2 + num_states
         needs_w_hr = w_hr is not None and n[w + 5]
         needs = [n[0], n[2], num_states == 2 and n[3], n[w], n[w + 1], n[w + 2] or n[w + 3], needs_w_hr]
+        sink = GradSink.current()  # checkpointed chunks: weight gradients summed in place
+        into = [sink.into(v, x_c.dtype) if sink is not None else None for v in (w_ih, w_hh)]
         with autocast_off(x_c.device):
             dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, dw_hr = getattr(get_ext(), f"{cell}_backward")(
                 x_c, gates, states[0], c0, w_ih, w_hh, w_hr, d_out, d_states[0], d_cn,
-                ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype,
+                ctx.batch_sizes, ctx.reverse, needs, ctx.state, ctx.bias_dtype, *into,
             )
+        if sink is not None:
+            dw_ih, dw_hh = sink.keep(w_ih, dw_ih, owned=True), sink.keep(w_hh, dw_hh, owned=True)
         grads = (dx, None, dh0, dc0)[: 2 + num_states] + (dw_ih, dw_hh, db_ih, db_hh, None, dw_hr)
         return grads[: ctx.num_inputs]
 

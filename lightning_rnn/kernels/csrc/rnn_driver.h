@@ -230,13 +230,18 @@ inline at::Tensor projected_prev(const at::Tensor& r, const at::Tensor& w_hr, co
 // ---- backward -------------------------------------------------------------------------
 // needs = (x, h0, c0, w_ih, w_hh, bias, w_hr). Returns {dx, dh0, dc0, dw_ih, dw_hh, db_ih,
 // db_hh, dw_hr}; tensors that are not needed are undefined.
+// dw_ih_into / dw_hh_into (optional, shaped as w_ih / w_hh, in the compute dtype): running
+// sums the weight gradients are added into in place (one GEMM with beta = 1, no fresh
+// result, no separate pass to add it) and returned as dw_ih / dw_hh. Gradient
+// checkpointing sums its chunks' weight gradients this way (layers/checkpointing.py).
 template <class Cell, class Dev>
 std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& gates, const at::Tensor& h0,
                                      const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                      const OptTensor& w_hr, const at::Tensor& d_out, const at::Tensor& d_hn,
                                      const OptTensor& d_cn, const at::Tensor& batch_sizes, bool reverse,
                                      std::vector<bool> needs, at::ScalarType state,
-                                     c10::optional<at::ScalarType> bias_dtype) {
+                                     c10::optional<at::ScalarType> bias_dtype, const OptTensor& dw_ih_into,
+                                     const OptTensor& dw_hh_into) {
   TORCH_CHECK(x_c.device().type() == Dev::kDevice, "x_c: expected a tensor on ", Dev::kDevice, ", got ",
               x_c.device());
   const Schedule s(batch_sizes, reverse);
@@ -255,6 +260,18 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   check_shape(d_hn, "d_hn", {B, P});
   TORCH_CHECK(c0.has_value() == d_cn.has_value(), "d_cn: expected exactly when c0 is given");
   if (d_cn) check_shape(*d_cn, "d_cn", {B, H});
+
+  const auto sum_into = [&](const OptTensor& into, const at::Tensor& w, const char* name) {
+    if (!into || !into->defined()) return false;
+    TORCH_CHECK(into->scalar_type() == compute && w.scalar_type() == compute && into->sizes() == w.sizes() &&
+                    into->is_contiguous() && into->device() == x_c.device(),
+                name, ": expected a contiguous ", compute, " tensor of shape ", w.sizes(), " on ", x_c.device(),
+                " (weights in the compute dtype)",
+                ", got ", into->scalar_type(), " ", into->sizes());
+    return true;
+  };
+  const bool sum_ih = needs[3] && sum_into(dw_ih_into, w_ih, "dw_ih_into");
+  const bool sum_hh = needs[4] && sum_into(dw_hh_into, w_hh, "dw_hh_into");
 
   const at::Tensor gates_c = gates.contiguous();
   const at::Tensor d_out_c = d_out.to(compute).contiguous();
@@ -333,7 +350,7 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   std::vector<at::Tensor> grads(8);
   if (needs[0] || needs[3]) {
     const at::Tensor w_ih_c = w_ih.to(compute);
-    at::Tensor dx, dw_ih = at::empty_like(w_ih_c);
+    at::Tensor dx, dw_ih = sum_ih ? *dw_ih_into : at::empty_like(w_ih_c);
     for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
       const at::Tensor dGb = dG.narrow(1, g.col, g.width);                  // (N, width)
       if (needs[0]) {
@@ -346,7 +363,9 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
       }
       if (needs[3]) {
         at::Tensor dw = dw_ih.narrow(0, g.row, g.width);
-        if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
+        if (sum_ih) {
+          dw.addmm_(dGb.t(), x_c);
+        } else if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
           dw_ih = wgrad_gemm(dGb, x_c);  // one block covering all of W_ih (LSTM)
         } else {
           at::mm_out(dw, dGb.t(), x_c);
@@ -361,7 +380,8 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   if (needs[2] && c0) grads[2] = dc.to(c0->scalar_type());
   if (needs[4]) {
     const at::Tensor h_prev = proj ? projected_prev(h_prev_c, w_hr_c, h0.to(compute), s) : h_prev_c;
-    grads[4] = wgrad_gemm(dG.narrow(1, 0, HG), h_prev).to(w_hh.scalar_type());
+    grads[4] = sum_hh ? dw_hh_into->addmm_(dG.narrow(1, 0, HG).t(), h_prev)
+                      : wgrad_gemm(dG.narrow(1, 0, HG), h_prev).to(w_hh.scalar_type());
   }
   if (needs[5] && bias_dtype) {
     auto [db_ih, db_hh] = Layout<Cell>::bias_grads(db_rows.sum(0), H);
