@@ -273,3 +273,20 @@ def test_bf16_checkpointed_gradients_match_unchunked(cell):
         grads.append([p.grad.clone() for p in layer.parameters()])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_layer_called_twice_in_one_graph(backend):
+    """Shared weights (the same layer on two inputs): each call sums its own chunks'
+    weight gradients, and autograd adds the two calls' sums, as without checkpointing."""
+    layer = FusedGRU(I, H, num_layers=2, backend=backend).double()
+    x1 = torch.randn(T, B, I, dtype=torch.float64)
+    x2 = torch.randn(T + 3, B, I, dtype=torch.float64)
+    grads = []
+    for chunk in (None, 3):
+        layer.checkpoint_chunk_size = chunk
+        layer.zero_grad()
+        (layer(x1)[0].square().sum() + layer(x2)[1].sum()).backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
