@@ -123,13 +123,12 @@ class PassPacks:
 
 @dataclass
 class ChunkedCall:
-    """What the chunks of one call share: the weight-pack store, the sink their weight
-    gradients are summed in, how many chunks there are, and how many trailing inputs of
-    each chunk are weights."""
+    """What the chunks of one call share: the weight-pack store (which also counts the
+    chunks), the sink their weight gradients are summed in, and how many trailing inputs
+    of each chunk are weights."""
 
     packs: PassPacks
     sink: GradSink
-    count: int
     num_weights: int
 
 
@@ -166,7 +165,7 @@ class RecomputedChunk(torch.autograd.Function):
             for t, need in zip(ctx.saved_tensors, needs)
         ]
         sink = None if create_graph else call.sink
-        if sink is not None and ctx.index == call.count - 1:
+        if sink is not None and ctx.index == call.packs.count - 1:
             sink.clear()
         device_type, enabled, dtype = ctx.autocast
         with call.packs, (sink if sink is not None else nullcontext()):  # packed weights reused here too
@@ -216,7 +215,7 @@ def run_chunked(
     outs: list[torch.Tensor] = []
     chunks = split_steps(Steps.from_batch_sizes(batch_sizes, reverse), length)
     packs = PassPacks(weight_packs() if weight_packs is not None else None, len(chunks))
-    call = ChunkedCall(packs, GradSink(), len(chunks), len(weights))
+    call = ChunkedCall(packs, GradSink(), len(weights))
     call.sink.expect(weights)
     # The chunks' rows as the pieces of one split (not one slice each): in backward their
     # gradients are joined once, where slices would each fill an (N, I) tensor of zeros.
