@@ -153,8 +153,8 @@ def _recast(args, dtype, weight_scale, weights=(-5, -4)):
 )
 def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
     """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
-    (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": tiles of 6,
-    5..1 rows; H 20 also a partial panel), and for wider steps in oneDNN (forward from
+    (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": register
+    tiles of each height 1-6 among them; H 20 also a partial panel), and for wider steps in oneDNN (forward from
     H 192, backward from H 1024) or at::mm. The projection runs in oneDNN with W_ih packed
     from H 128 (at H 20 in at::mm), the backward's dx on panels of W_ih up to 1024 dG
     columns (H 20-256; the GRU's first block too) and in oneDNN or at::mm beyond, the

@@ -55,3 +55,36 @@ def test_panels_equal_the_padded_permuted_copy(ext, K, N, layout):
 def test_panels_reject_a_non_float32_matrix(ext):
     with pytest.raises(RuntimeError, match="float32 matrix"):
         ext.panels(torch.randn(4, 4).double())
+
+
+@pytest.mark.parametrize("n", [*range(1, 71), 2500])
+def test_panel_tiles_cover_the_rows_with_at_most_one_narrow_tile(ext, n):
+    """Tiles of fewer than 5 rows run ~1.5x longer per row (csrc/rnn_panels.h): a split
+    uses at most one of them, and none where tiles of 5 and 6 add up to n (n >= 20)."""
+    tiles = ext.panel_tiles(n)
+    assert sum(tiles) == n and all(1 <= t <= 6 for t in tiles)
+    narrow = [t for t in tiles if t < 5]
+    assert len(narrow) <= 1 and not (n >= 20 and narrow)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 9, 13, 19, 32, 50, 64, 257])
+@pytest.mark.parametrize("K, N", [(20, 37), (64, 256), (512, 48)])
+def test_panel_gemm_matches_a_float64_matmul(ext, n, K, N):
+    """Every tile height the split uses, a partial last panel (N 37), a row-strided a."""
+    base = torch.randn(n, K + 3)
+    a = base[:, 2 : K + 2]
+    m = torch.randn(K, N)
+    got = ext.panel_gemm(a, ext.panels(m), N)
+    torch.testing.assert_close(got.double(), a.double() @ m.double(), rtol=1e-5, atol=1e-4 * K**0.5)
+
+
+def test_panel_gemm_rejects_mismatched_or_non_float32_operands(ext):
+    panels = ext.panels(torch.randn(4, 6))
+    with pytest.raises(RuntimeError, match=r"panel_gemm: expected panels\(m\) of a float32 \(5, 6\) matrix"):
+        ext.panel_gemm(torch.randn(3, 5), panels, 6)
+    with pytest.raises(RuntimeError, match=r"panel_gemm: expected panels\(m\) of a float32 \(4, 40\) matrix"):
+        ext.panel_gemm(torch.randn(3, 4), panels, 40)
+    with pytest.raises(RuntimeError, match="panel_gemm: expected a float32 CPU matrix a"):
+        ext.panel_gemm(torch.randn(3, 4).double(), panels, 6)
+    with pytest.raises(RuntimeError, match="panel_gemm: expected a float32 CPU matrix a"):
+        ext.panel_gemm(torch.randn(4, 3).t(), panels, 6)

@@ -86,6 +86,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("num_threads", &at::get_num_threads, "intra-op threads seen by the extension");
   m.def("transposed", &transposed, "a^T as a new contiguous tensor (the weight gradients' blocked transpose)");
   m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/16), K, 16) panels");
+  m.def(
+      "panel_gemm",
+      [](const at::Tensor& a, const at::Tensor& panels, int64_t N) {
+        TORCH_CHECK(a.dim() == 2 && PanelGemm::supports(a) && a.stride(1) == 1,
+                    "panel_gemm: expected a float32 CPU matrix a (n, K) with unit column stride, got ", a.sizes(),
+                    " ", a.scalar_type());
+        TORCH_CHECK(panels.dim() == 3 && PanelGemm::supports(panels) && panels.is_contiguous() &&
+                        panels.size(1) == a.size(1) && panels.size(2) == PanelGemm::kWidth &&
+                        panels.size(0) == (N + PanelGemm::kWidth - 1) / PanelGemm::kWidth,
+                    "panel_gemm: expected panels(m) of a float32 (", a.size(1), ", ", N, ") matrix m, got ",
+                    panels.sizes(), " ", panels.scalar_type());
+        at::Tensor y = at::empty({a.size(0), N}, a.options());
+        PanelGemm::run(a, panels, N, y);
+        return y;
+      },
+      "a @ m for panels = panels(m) of m (K, N): the per-step GEMM");
+  m.def(
+      "panel_tiles",
+      [](int64_t n) {
+        TORCH_CHECK(n >= 0, "panel_tiles: expected rows >= 0, got ", n);
+        std::vector<int64_t> tiles;
+        for (int64_t left = n; left > 0; left -= tiles.back()) tiles.push_back(PanelGemm::tile_rows_at(left));
+        return tiles;
+      },
+      "the register tiles (rows each) the panel GEMM splits n rows into");
   py::class_<WeightPacks>(m, "WeightPacks", "packed weights reused by kernel calls while active (`with store:`)")
       .def(py::init<>())
       .def("__enter__", [](WeightPacks& p) -> WeightPacks& { p.enter(); return p; }, py::return_value_policy::reference)

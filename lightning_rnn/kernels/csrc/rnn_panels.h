@@ -5,8 +5,9 @@
 // M is copied once per call into panels of 16 columns, (P, K, 16) row-major, so that one
 // panel is a contiguous K x 64-byte strip. For each panel the kernel keeps a tile of up
 // to 6 rows x 16 columns of y in 12 vector registers and walks k: per k, two vector loads
-// of the panel, one broadcast of a[r][k] per row, two FMAs per row. M is read once per
-// 6-row tile from a strip that stays in L1/L2, a in place (any row stride). A tile of a
+// of the panel, one broadcast of a[r][k] per row, two FMAs per row. The n rows are split
+// into tiles of 5 and 6 rows where they can be (tile_rows_at). M is read once per
+// tile from a strip that stays in L1/L2, a in place (any row stride). A tile of a
 // whole panel is stored with two vector stores per row, which takes the whole GEMM 8-23 %
 // less time at n 50, K 64-512 (interleaved, 1 thread; a layer's fwd + bwd 2-5 % less) than
 // going through a stack copy and a memcpy of `cols` floats, as the last, partial panel does.
@@ -31,6 +32,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -42,7 +45,7 @@ constexpr int64_t kPanelMaxRows = 64;
 class PanelGemm {
  public:
   static constexpr int64_t kWidth = 16;  // columns per panel: two 8-float vectors
-  static constexpr int64_t kTileRows = 6;  // rows per register tile: 12 accumulators
+  static constexpr int64_t kTileRows = 6;  // most rows per register tile: 12 accumulators
 
   // Whether panels can take operands like t: CPU float32, not disabled with
   // LIGHTNING_RNN_NO_PANELS=1.
@@ -106,12 +109,39 @@ class PanelGemm {
         const int64_t cols = std::min<int64_t>(kWidth, N - p * kWidth);
         // the first tile of a panel prefetches the next one (one line per k) into L2
         const float* next = p + 1 < p1 ? M + (p + 1) * K * kWidth : nullptr;
-        for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
-          tile_rows(std::min<int64_t>(kTileRows, n - r0), A + r0 * lda, lda, M + p * K * kWidth, K,
-                    Y + r0 * ldy + p * kWidth, ldy, cols, r0 == 0 ? next : nullptr);
+        for (int64_t r0 = 0, rows; r0 < n; r0 += rows) {
+          rows = tile_rows_at(n - r0);
+          tile_rows(rows, A + r0 * lda, lda, M + p * K * kWidth, K, Y + r0 * ldy + p * kWidth, ldy, cols,
+                    r0 == 0 ? next : nullptr);
         }
       }
     });
+  }
+
+  // Rows of the next register tile when `left` rows of y remain: the first tile of the
+  // cheapest split of min(left, kPanelMaxRows) rows into tiles of 1-6 rows (tiles of 5
+  // while more remain). Cost per row of a tile of R rows, measured standalone (1 thread,
+  // K 256-2048, all rows in tiles of R): R 5: 1, 6: 1.00-1.03, 2-4: 1.5, 1: 2.2. Tiles of
+  // fewer than 5 rows keep fewer than 10 accumulator chains in flight and wait on the FMA
+  // latency. The step GEMM (H 512: 512 x 2048 forward, 2048 x 512 backward), this split /
+  // tiles of 6 and the rest, interleaved: 64 rows (then 10 x 6 + 4, now 4 x 6 + 8 x 5)
+  // 0.93 / 0.98; 32 rows 0.98 / 0.91; 16 rows 0.88; 50 rows (8 x 6 + 2, now 10 x 5)
+  // 0.97-1.00.
+  static int64_t tile_rows_at(int64_t left) {
+    static const std::array<int8_t, kPanelMaxRows + 1> first = [] {
+      constexpr int kCost[kTileRows + 1] = {0, 220, 150, 150, 150, 100, 102};  // per row, x 100
+      std::array<int, kPanelMaxRows + 1> best{};
+      std::array<int8_t, kPanelMaxRows + 1> plan{};
+      for (int m = 1; m <= kPanelMaxRows; ++m) {
+        best[m] = INT_MAX;
+        for (int r = std::min<int>(m, kTileRows); r >= 1; --r) {  // ties: the wider tile first
+          const int cost = best[m - r] + r * kCost[r];
+          if (cost < best[m]) best[m] = cost, plan[m] = static_cast<int8_t>(r);
+        }
+      }
+      return plan;
+    }();
+    return left > kPanelMaxRows ? 5 : first[left];
   }
 
  private:
