@@ -24,8 +24,18 @@ class BuildPyWithConfigs(build_py):
         shutil.copytree(ROOT / "conf", target, ignore=_only_yaml)
 
 
+# Run folders a CLI run may have left inside conf/ (through conf/experiment -> recipes/):
+# their saved configs are not configs of the package.
+RUN_FOLDERS = {"outputs", "multirun"}
+
+
 def _only_yaml(directory, names):
-    return [n for n in names if not n.endswith(".yaml") and not (Path(directory) / n).is_dir()]
+    def skipped(name):
+        if (Path(directory) / name).is_dir():
+            return name in RUN_FOLDERS or name.startswith(".")
+        return not name.endswith(".yaml")
+
+    return [n for n in names if skipped(n)]
 
 
 setup(cmdclass={"build_py": BuildPyWithConfigs})

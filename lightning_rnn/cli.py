@@ -6,10 +6,13 @@ written when the package is built) or, in a source checkout, from the top-level 
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 
 import hydra
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
@@ -29,19 +32,32 @@ def config_dir() -> Path:
 def run(cfg: DictConfig):
     """Run ``cfg.task`` (a partial of a task function) on ``cfg``; return its result
     (the optimized metric for ``train``, which Hydra sweepers minimize)."""
-    task = instantiate(cfg.task)
+    task = instantiate(cfg.task)  # imports the task's module, and with it Lightning
+    route_lightning_logs_through_hydra()
     try:
         return task(cfg)
     except Exception as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not is_setting_error(err):
+        cause = setting_error(err)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or cause is None:
             raise
-        raise SystemExit(f"Error: {err}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+        raise SystemExit(f"Error: {cause}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+
+
+def setting_error(err: BaseException) -> BaseException | None:
+    """The setting error behind ``err`` (itself, or what Hydra's ``instantiate`` wrapped
+    when a constructor rejected its arguments), or None if it is not one."""
+    while isinstance(err, InstantiationException) and err.__cause__ is not None:
+        err = err.__cause__
+    return err if is_setting_error(err) else None
 
 
 def is_setting_error(err: BaseException) -> bool:
-    """A mandatory config value left unset, or a setting error raised by this package's own
-    checks (the innermost frame is in ``lightning_rnn``), not by a library or a bug elsewhere."""
-    if isinstance(err, MissingMandatoryValue):
+    """A mandatory config value left unset, a built-in corpus that cannot be fetched
+    offline, or a setting error raised by this package's own checks (the innermost frame
+    is in ``lightning_rnn``), not by a library or a bug elsewhere."""
+    from .data.corpora import CorpusUnavailableError  # here: importing data imports Lightning
+
+    if isinstance(err, (MissingMandatoryValue, CorpusUnavailableError)):
         return True
     if not isinstance(err, SETTING_ERRORS) or err.__traceback__ is None:
         return False
@@ -49,6 +65,25 @@ def is_setting_error(err: BaseException) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+
+
+# Loggers to which Lightning attaches a console handler of its own.
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+
+
+def route_lightning_logs_through_hydra() -> None:
+    """Send Lightning's log lines only through the handlers Hydra configured (the console
+    and ``cli.log``). ``import lightning`` gives its package logger a console handler of
+    its own that also propagates to the root logger, so inside a Hydra run every Lightning
+    message was printed twice. Outside the CLI (no root handlers) nothing changes."""
+    if not logging.getLogger().handlers or "lightning" not in sys.modules:
+        return
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # Lightning's console handler, not a file handler
+                logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def main() -> None:

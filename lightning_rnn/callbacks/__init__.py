@@ -8,6 +8,7 @@ from .gradient_checkpointing import GradientCheckpointing
 from .length_bucketing import LengthBucketBatchSampler
 from .mixed_precision import MixedPrecision, RNNMixedPrecision
 from .packed_sequences import PackedSequences
+from .progress_bar import StepLimitedProgressBar
 
 __all__ = [
     "GPUMemoryLogger",
@@ -16,4 +17,5 @@ __all__ = [
     "MixedPrecision",
     "PackedSequences",
     "RNNMixedPrecision",
+    "StepLimitedProgressBar",
 ]

@@ -2,7 +2,7 @@
 from .base import DictDataset, RNNDataModule
 from .char_corpus import CharCorpusDataModule
 from .classification import SequenceClassificationDataModule, pad_batch
-from .corpora import PYTHON_STDLIB_FILES, python_stdlib_text, tiny_shakespeare_path
+from .corpora import PYTHON_STDLIB_FILES, CorpusUnavailableError, python_stdlib_text, tiny_shakespeare_path
 from .forecasting import ForecastingDataModule
 from .streams import ContiguousStreams
 from .synthetic import COPY_MEMORY_VOCAB, AddingProblemDataModule, CopyMemoryDataModule
@@ -16,6 +16,7 @@ __all__ = [
     "CharVocab",
     "ContiguousStreams",
     "CopyMemoryDataModule",
+    "CorpusUnavailableError",
     "DictDataset",
     "ForecastingDataModule",
     "RNNDataModule",

@@ -40,6 +40,11 @@ def python_stdlib_text() -> str:
     return "\n".join(parts)
 
 
+class CorpusUnavailableError(RuntimeError):
+    """A built-in corpus is not cached and cannot be downloaded (offline): the message says
+    which setting (``data.path``) supplies a local copy instead."""
+
+
 def default_cache_dir() -> Path:
     """``$LIGHTNING_RNN_CACHE`` if set, else ``~/.cache/lightning_rnn``."""
     return Path(os.environ.get("LIGHTNING_RNN_CACHE", Path.home() / ".cache" / "lightning_rnn"))
@@ -59,7 +64,7 @@ def tiny_shakespeare_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """The local copy of tiny-shakespeare, downloaded on first use.
 
     Raises:
-        RuntimeError: the file is not cached and cannot be downloaded (offline).
+        CorpusUnavailableError: the file is not cached and cannot be downloaded (offline).
     """
     dest = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = dest / "tinyshakespeare.txt"
@@ -68,7 +73,7 @@ def tiny_shakespeare_path(cache_dir: str | os.PathLike | None = None) -> Path:
         try:
             download(TINY_SHAKESPEARE_URL, dest)
         except OSError as err:
-            raise RuntimeError(
+            raise CorpusUnavailableError(
                 f"could not download tiny-shakespeare from {TINY_SHAKESPEARE_URL} ({err}). "
                 f"Offline? Download it elsewhere and pass data.path=/path/to/input.txt"
             ) from None  # the message carries the cause; the socket traceback would bury it

@@ -27,8 +27,33 @@ def run(cfg: DictConfig) -> float | None:
     if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:
         log.info("best checkpoint: %s", trainer.checkpoint_callback.best_model_path)
     log.info("final metrics: %s", {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())})
-    metric = trainer.callback_metrics.get(cfg.optimized_metric)
+    metric = trainer.callback_metrics.get(cfg.optimized_metric) if cfg.optimized_metric else None
+    if cfg.optimized_metric and metric is None:
+        missing_metric(cfg.optimized_metric, trainer)
     if cfg.test_after_training:
         trainer.test(model, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None,
                      weights_only=False)
     return None if metric is None else float(metric)
+
+
+def missing_metric(name: str, trainer) -> None:
+    """``optimized_metric`` was never logged: a warning in a single run; in a sweep (whose
+    sweeper needs the value of every trial) an error that ends the sweep with the reason."""
+    logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
+    message = (
+        f"optimized_metric: {name!r} was never logged (logged: {logged}). Validation metrics need a "
+        f"validation run: this one took {trainer.global_step} steps with "
+        f"trainer.val_check_interval={trainer.val_check_interval} and "
+        f"trainer.limit_val_batches={trainer.limit_val_batches}"
+    )
+    if in_sweep():
+        raise ValueError(message)
+    log.warning(message)
+
+
+def in_sweep() -> bool:
+    """Whether this run is one job of a Hydra multirun (e.g. an Optuna sweep)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

@@ -24,12 +24,18 @@ def test_wheel_ships_configs_and_recipes(tmp_path):
             shutil.copy(REPO / name, source / name)
     if not (source / "README.md").exists():
         (source / "README.md").write_text("lightning_rnn\n")
+    # what a CLI run started inside recipes/ (= conf/experiment/) leaves there: not shipped
+    for stray in ("outputs/2026-01-01/00-00-00/.hydra/config.yaml", "multirun/2026-01-01/0/config.yaml"):
+        (source / "recipes" / stray).parent.mkdir(parents=True)
+        (source / "recipes" / stray).write_text("seed: 1\n")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
          str(source)], tmp_path)
     (wheel,) = (tmp_path / "dist").glob("lightning_rnn-*.whl")
     site = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)], tmp_path)
     assert (site / "lightning_rnn" / "_conf" / "experiment" / "char_shakespeare.yaml").is_file()
+    shipped = {p.relative_to(site / "lightning_rnn" / "_conf").parts[:2] for p in (site / "lightning_rnn" / "_conf").rglob("*")}
+    assert ("experiment", "outputs") not in shipped and ("experiment", "multirun") not in shipped
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -1,5 +1,6 @@
 """Every recipe trains (fast_dev_run); tasks, Optuna sweeps and wandb work in-process."""
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -7,9 +8,11 @@ import pytest
 import torch
 import yaml
 from cli_helpers import CONF, QUICK, compose_config
+from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
-from lightning_rnn.cli import is_setting_error, run
+from lightning_rnn.cli import is_setting_error, route_lightning_logs_through_hydra, run, setting_error
+from lightning_rnn.data.corpora import CorpusUnavailableError
 from lightning_rnn.layers.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
 
@@ -151,6 +154,30 @@ def test_optuna_sweep_returns_the_optimized_metric(hydra_sweep_runner, tmp_path)
     assert set(results["best_params"]) == {"model.optimizer.lr", "model.rnn.hidden_size"}
 
 
+def test_a_sweep_whose_metric_is_never_logged_ends_with_the_reason(hydra_sweep_runner, tmp_path, monkeypatch):
+    """No validation (limit_val_batches=0), so no val/loss: rather than Optuna's "No trials
+    are completed yet" after every trial, the first trial ends the sweep naming the cause."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    overrides = ["experiment=optuna_sweep", "hydra.sweeper.n_trials=2", f"output_dir={tmp_path}", "data.batch_size=4",
+                 "data.seq_len=16", "trainer.max_steps=2", "trainer.limit_val_batches=0",
+                 "model.rnn.backend=reference", "callbacks=none", "logger=none"]
+    with pytest.raises(SystemExit) as exit_info:
+        with hydra_sweep_runner(calling_file=None, calling_module="lightning_rnn.cli", task_function=run,
+                                config_path=str(CONF), config_name="config", overrides=overrides):
+            pass
+    message = str(exit_info.value.code)
+    assert message.startswith("Error: optimized_metric: 'val/loss' was never logged (logged: train/")
+    assert "trainer.limit_val_batches=0" in message
+
+
+def test_a_single_run_whose_metric_is_never_logged_warns_and_returns_none(tmp_path, caplog):
+    cfg = compose_config(tmp_path, ["trainer.max_steps=2", "trainer.limit_val_batches=0", "data.batch_size=4",
+                                    "data.seq_len=16", *QUICK])
+    with caplog.at_level(logging.WARNING, logger="lightning_rnn.tasks.train"):
+        assert train.run(cfg) is None
+    assert any("optimized_metric: 'val/loss' was never logged" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("ckpt", [None, "", "/no/such.ckpt"])
 def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt):
     cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={'null' if ckpt is None else ckpt}", *QUICK])
@@ -186,8 +213,46 @@ def _raise_here(error):
     (lambda: _raise_here(ValueError("from a test module")), False),  # outside the package: keep the traceback
     (lambda: _raise_here(RuntimeError("a kernel failure")), False),
     (lambda: OmegaConf.create({"path": "???"}).path, True),  # a mandatory value left unset
+    (lambda: _raise_here(CorpusUnavailableError("offline: pass data.path=...")), True),
 ])
 def test_which_errors_are_setting_errors(make_error, expected):
     with pytest.raises(Exception) as info:
         make_error()
     assert is_setting_error(info.value) is expected
+
+
+def test_a_constructor_s_setting_error_is_found_behind_hydra_s_instantiate(tmp_path, monkeypatch):
+    """instantiate() wraps what a constructor raises; the run reports the constructor's message."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cfg = compose_config(tmp_path, ["model.rnn.hidden_size=-3", *QUICK])
+    with pytest.raises(SystemExit) as exit_info:
+        run(cfg)
+    assert str(exit_info.value.code).startswith("Error: hidden_size: expected an int >= 1, got -3\n")
+    wrapped = InstantiationException("Error in call to target 'x':\nRuntimeError('a bug')")
+    wrapped.__cause__ = RuntimeError("a bug")
+    assert setting_error(wrapped) is None  # a wrapped non-setting error keeps its traceback
+
+
+def test_lightning_messages_reach_hydra_s_handlers_once():
+    """Inside a Hydra run (handlers on the root logger) Lightning's own console handler is
+    dropped, so its messages are printed once, by Hydra's handlers, and reach cli.log."""
+    import lightning  # noqa: F401  (gives the "lightning" logger its console handler)
+
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    root, package = logging.getLogger(), logging.getLogger("lightning")
+    saved = root.handlers[:], package.handlers[:], package.propagate
+    collect = Collect()
+    try:
+        root.addHandler(collect)
+        package.addHandler(logging.StreamHandler())  # as `import lightning` does, whatever ran before
+        route_lightning_logs_through_hydra()
+        assert not [h for h in package.handlers if type(h) is logging.StreamHandler] and package.propagate
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").info("`Trainer.fit` stopped")
+        assert records.count("`Trainer.fit` stopped") == 1
+    finally:
+        root.handlers[:], package.handlers[:], package.propagate = saved

@@ -72,7 +72,7 @@ def test_tiny_shakespeare_offline_error_names_data_path(tmp_path, monkeypatch):
         raise OSError("Network is unreachable")
 
     monkeypatch.setattr(corpora, "download", offline)
-    with pytest.raises(RuntimeError, match="data.path="):
+    with pytest.raises(corpora.CorpusUnavailableError, match="data.path="):
         corpora.tiny_shakespeare_path(tmp_path)
 
 

@@ -42,7 +42,7 @@ def test_example_trains_and_validates(example):
 
 
 def test_example_runs_from_the_cli_configs(monkeypatch, tmp_path):
-    """`cd recipes && python -m lightning_rnn experiment=classification model._target_=...`"""
+    """`PYTHONPATH=recipes python -m lightning_rnn experiment=classification model._target_=...`"""
     from hydra import compose, initialize_config_dir
 
     from lightning_rnn.cli import config_dir

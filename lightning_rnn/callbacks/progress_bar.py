@@ -1,0 +1,19 @@
+"""Lightning's rich progress bar, labelled sensibly for runs limited by steps."""
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class StepLimitedProgressBar(RichProgressBar):
+    """:class:`~lightning.pytorch.callbacks.RichProgressBar` whose training bar reads
+    ``Epoch 3`` when the run has no epoch limit (``max_epochs=-1``, the run stops at
+    ``max_steps``). Lightning labels it ``Epoch 3/-2`` there (``max_epochs - 1``).
+    Runs with an epoch limit keep Lightning's ``Epoch 3/9``."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is None or max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        description = f"Epoch {current_epoch}"
+        # padded like Lightning's, so the bar does not shift when validation's bar shows
+        return f"{description:{len(self.validation_description)}}"
