@@ -144,8 +144,9 @@ def test_optuna_sweep_returns_the_optimized_metric(hydra_sweep_runner, tmp_path)
     overrides = ["experiment=optuna_sweep", "hydra.sweeper.n_trials=2", f"output_dir={tmp_path}", "data.batch_size=4",
                  "data.seq_len=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
                  "trainer.limit_val_batches=1", "model.rnn.backend=reference", "callbacks=none", "logger=none"]
+    # temp_dir given: the plugin turns a missing one into a folder named "None" in the working directory
     with hydra_sweep_runner(calling_file=None, calling_module="lightning_rnn.cli", task_function=run, config_path=str(CONF),
-                            config_name="config", overrides=overrides) as sweep:
+                            config_name="config", overrides=overrides, temp_dir=tmp_path / "sweep") as sweep:
         sweep_dir = Path(sweep.temp_dir)
         results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
         trials = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
@@ -163,7 +164,8 @@ def test_a_sweep_whose_metric_is_never_logged_ends_with_the_reason(hydra_sweep_r
                  "model.rnn.backend=reference", "callbacks=none", "logger=none"]
     with pytest.raises(SystemExit) as exit_info:
         with hydra_sweep_runner(calling_file=None, calling_module="lightning_rnn.cli", task_function=run,
-                                config_path=str(CONF), config_name="config", overrides=overrides):
+                                config_path=str(CONF), config_name="config", overrides=overrides,
+                                temp_dir=tmp_path / "sweep"):
             pass
     message = str(exit_info.value.code)
     assert message.startswith("Error: optimized_metric: 'val/loss' was never logged (logged: train/")
