@@ -8,7 +8,16 @@ class StepLimitedProgressBar(RichProgressBar):
     """:class:`~lightning.pytorch.callbacks.RichProgressBar` whose training bar reads
     ``Epoch 3`` when the run has no epoch limit (``max_epochs=-1``, the run stops at
     ``max_steps``). Lightning labels it ``Epoch 3/-2`` there (``max_epochs - 1``).
-    Runs with an epoch limit keep Lightning's ``Epoch 3/9``."""
+    Runs with an epoch limit keep Lightning's ``Epoch 3/9``.
+
+    The logger's version shows as ``v_num: 0``: Lightning's rich bar formats every
+    number as a float, ``v_num: 0.000`` for a CSV or TensorBoard logger's version 0."""
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        items = super().get_metrics(trainer, pl_module)
+        if isinstance(items.get("v_num"), int):
+            items["v_num"] = str(items["v_num"])
+        return items
 
     def _get_train_description(self, current_epoch: int) -> str:
         max_epochs = self.trainer.max_epochs

@@ -1,7 +1,9 @@
-"""StepLimitedProgressBar: the training bar's label in runs with and without an epoch limit."""
+"""StepLimitedProgressBar: the training bar's label in runs with and without an epoch limit,
+and the logger version it shows."""
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_rnn.callbacks import StepLimitedProgressBar
@@ -32,3 +34,16 @@ def test_the_training_bar_names_the_epoch_limit_only_where_there_is_one(max_epoc
                       enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(Linear(), loader, loader)
     assert bar.progress.tasks[bar.train_progress_bar_id].description.rstrip() == label
+
+
+def test_the_logger_version_shows_as_an_integer(tmp_path):
+    """Lightning's rich bar formats numbers as floats: a CSV logger's version 0 read 'v_num: 0.000'."""
+    bar = StepLimitedProgressBar()
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+    trainer = Trainer(max_steps=2, callbacks=[bar], logger=CSVLogger(tmp_path), enable_checkpointing=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(Linear(), loader)
+    metrics = bar.get_metrics(trainer, trainer.lightning_module)
+    assert metrics["v_num"] == "0"
+    texts = list(bar._metric_component._generate_metrics_texts())
+    assert "v_num: 0" in texts
