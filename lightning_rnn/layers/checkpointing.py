@@ -156,12 +156,16 @@ class RecomputedChunk(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         needs = ctx.needs_input_grad[3:]  # (run, call, index, *inputs)
         call = ctx.call
-        # create_graph=True (a gradient of a gradient): rerun on the saved inputs themselves,
-        # connected to the graph, and keep the graph of the gradients (autograd sums them);
-        # else on detached copies, with the weight gradients summed in the sink.
+        # create_graph=True (a gradient of a gradient): rerun on views of the saved inputs,
+        # connected to the graph, and keep the graph of the gradients (autograd sums them).
+        # Views, not the inputs themselves: the gradients asked for are this chunk's own
+        # (autograd.grad stops at a view), where the total derivative with respect to a
+        # weight would also run back through the carried states into the earlier chunks,
+        # which their own backward counts. Else on detached copies, with the weight
+        # gradients summed in the sink.
         create_graph = torch.is_grad_enabled()
         inputs = [
-            t if t is None or create_graph else t.detach().requires_grad_(need)
+            t if t is None else t.view_as(t) if create_graph else t.detach().requires_grad_(need)
             for t, need in zip(ctx.saved_tensors, needs)
         ]
         sink = None if create_graph else call.sink

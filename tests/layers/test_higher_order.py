@@ -78,3 +78,31 @@ def test_first_order_gradients_with_create_graph_equal_the_plain_ones(backend):
     assert all(g.requires_grad for g in graphed)
     for got, want in zip(graphed, plain):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("fused_class, torch_class, kwargs", [
+    pytest.param(FusedLSTM, nn.LSTM, dict(num_layers=2), id="lstm_2x"),
+    pytest.param(FusedLSTM, nn.LSTM, dict(proj_size=2), id="lstm_projected"),
+    pytest.param(FusedGRU, nn.GRU, dict(bidirectional=True), id="gru_bidirectional"),
+])
+@pytest.mark.parametrize("chunk", [None, 1, 2, "sqrt"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_gradient_penalty_matches_torch_nn(backend, fused_class, torch_class, kwargs, chunk):
+    """A penalty on the WEIGHT gradients (MAML's inner step, a Hessian-vector product):
+    the weights are used by every chunk of a checkpointed layer, so each chunk's rerun must
+    give its own share of their gradient only (the total derivative would run back through
+    the carried states into the earlier chunks and count them again)."""
+    torch.manual_seed(0)
+    theirs = torch_class(3, 4, dtype=torch.float64, **kwargs)
+    ours = fused_class.from_torch(theirs, backend=backend)
+    ours.checkpoint_chunk_size = chunk
+    x = torch.randn(5, 2, 3, dtype=torch.float64)  # (T, B, I)
+    results = []
+    for model in (ours, theirs):
+        params = list(model.parameters())
+        first = torch.autograd.grad(model(x)[0].square().sum(), params, create_graph=True)
+        penalty = sum(g.square().sum() for g in first)
+        results.append((first, torch.autograd.grad(penalty, params)))
+    (first, second), (expected_first, expected_second) = results
+    for got, want in zip(first + second, expected_first + expected_second):
+        torch.testing.assert_close(got, want)
