@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torchmetrics import MeanMetric, MetricCollection
 
+from . import factories
 from .state import State, detach_state, state_batch_size
 
 STAGES = ("train", "val", "test")
@@ -131,6 +132,8 @@ class RNNModule(LightningModule):
         # What the most derived class's constructor itself was given: the checkpoint keeps only
         # these, so load_from_checkpoint calls it as the user did (see on_save_checkpoint).
         self._constructor_arguments = _outermost_init_arguments(self, inspect.currentframe())
+        # Kept here too: Lightning drops a factory that cannot be pickled (a lambda) from hparams.
+        self._optimizer_factory, self._scheduler_factory = optimizer, scheduler
         self.automatic_optimization = False
         self.rnn = build_rnn(rnn, input_size)
         self.input_layer: nn.Module = nn.Identity()
@@ -255,36 +258,60 @@ class RNNModule(LightningModule):
         return self(batch["inputs"], lengths=batch.get("lengths"))[0]
 
     # ----- checkpoints ------------------------------------------------------------
+    #: Checkpoint key listing the hyperparameters saved as factory descriptions.
+    FACTORIES_KEY = "lightning_rnn_factories"
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The class, so that a task can restore a checkpoint without being told its model.
         checkpoint["lightning_rnn_class"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        hparams = checkpoint.get("hyper_parameters")
+        if hparams is None:
+            return
         # Only the arguments the class itself takes: a value a subclass computes and passes
         # to its base (input_size from its own sizes, a fixed pooling, ...) is computed again
         # on loading, and passing it too would give "multiple values for argument".
-        hparams = checkpoint.get("hyper_parameters")
-        if hparams is not None and self._constructor_arguments is not None:
-            checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k in self._constructor_arguments}
+        if self._constructor_arguments is not None:
+            hparams = {k: v for k, v in hparams.items() if k in self._constructor_arguments}
+        # Factories as plain data, so that torch's weights_only loader (which Lightning's
+        # fit/validate/test/predict(ckpt_path=...) use) reads the checkpoint.
+        described = []
+        for name, value in list(hparams.items()):
+            if factories.is_plain(value):
+                continue
+            try:
+                hparams[name] = factories.describe(value)
+            except factories.NotDescribable:
+                continue  # kept as the object: this checkpoint then needs weights_only=False
+            described.append(name)
+        checkpoint["hyper_parameters"] = hparams
+        checkpoint[self.FACTORIES_KEY] = described
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
-                             weights_only: bool | None = False, **kwargs):
-        """Lightning's ``load_from_checkpoint`` with ``weights_only=False`` by default.
+                             weights_only: bool | None = None, **kwargs):
+        """Lightning's ``load_from_checkpoint``, with the factories in the checkpoint rebuilt.
 
-        The hyperparameters in a checkpoint include the ``rnn``, ``optimizer`` and
-        ``scheduler`` factories (callables), which torch's ``weights_only`` loader refuses;
-        so, as with any pickle, load only checkpoints you trust.
+        Checkpoints hold the ``rnn``, ``optimizer`` and ``scheduler`` factories as plain
+        data (see :mod:`~lightning_rnn.modules.factories`), so they load with torch's
+        ``weights_only`` loader. A factory with no such description (a lambda, a closure)
+        is pickled as it is; such a checkpoint, like those of lightning_rnn 0.1, needs
+        ``weights_only=False``, as any pickle: load only checkpoints you trust.
+        Arguments in ``kwargs`` override those in the checkpoint, as in Lightning.
         """
+        saved = _read_checkpoint(checkpoint_path, weights_only)
+        hparams = saved.get("hyper_parameters") or {}
+        rebuilt = {k: factories.rebuild(hparams[k]) for k in saved.get(cls.FACTORIES_KEY, ()) if k not in kwargs}
         return super().load_from_checkpoint(
             checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
-            weights_only=weights_only, **kwargs,
+            weights_only=weights_only, **rebuilt, **kwargs,
         )
 
     # ----- optimization -----------------------------------------------------------
     def configure_optimizers(self):
-        optimizer = self.hparams.optimizer(self.parameters())
-        if self.hparams.scheduler is None:
+        optimizer = self._optimizer_factory(self.parameters())
+        if self._scheduler_factory is None:
             return optimizer
-        scheduler = self.hparams.scheduler(optimizer)
+        scheduler = self._scheduler_factory(optimizer)
         if isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) and scheduler.T_max < 1:
             raise ValueError(
                 f"scheduler: CosineAnnealingLR needs T_max >= 1 (scheduler steps), got {scheduler.T_max}; "
@@ -363,3 +390,19 @@ class RNNModule(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
+
+
+def _read_checkpoint(path, weights_only: bool | None) -> dict:
+    """The checkpoint at ``path`` (a path, URL or file object), memory-mapped where it can be."""
+    from lightning.fabric.utilities.cloud_io import _load
+
+    if hasattr(path, "seek"):
+        start = path.tell()
+        try:
+            return _load(path, map_location="cpu", weights_only=weights_only)
+        finally:
+            path.seek(start)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
+    except (RuntimeError, OSError, ValueError):  # not a local zip-format file: a URL, an old format
+        return _load(path, map_location="cpu", weights_only=weights_only)

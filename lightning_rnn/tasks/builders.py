@@ -1,6 +1,7 @@
 """Objects every task builds from the config: data, model, trainer."""
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -25,24 +26,33 @@ def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
     return instantiate(cfg.model, **datamodule.model_kwargs())
 
 
-def check_checkpoint_file(cfg: DictConfig, required: bool) -> None:
-    """A ValueError naming ``ckpt_path`` when it is not an existing file (or, if not
-    ``required``, set but not a file)."""
-    if (required or cfg.ckpt_path) and (not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file()):
+def check_checkpoint_file(cfg: DictConfig, required: bool) -> dict | None:
+    """The checkpoint at ``cfg.ckpt_path`` (memory-mapped: tensors are not read), or None
+    when unset and not ``required``. A ValueError naming ``ckpt_path`` when it is not an
+    existing file, or not one torch's ``weights_only`` loader reads."""
+    if not required and not cfg.ckpt_path:
+        return None
+    if not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file():
         need = "this task needs" if required else "expected"
         raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
                          f"(got {cfg.ckpt_path!r})")
+    try:
+        return torch.load(cfg.ckpt_path, map_location="cpu", mmap=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"ckpt_path: {cfg.ckpt_path} holds pickled Python objects, which torch's weights_only loader "
+            "refuses (a checkpoint of an earlier lightning_rnn, or a factory with no plain description). "
+            "If you trust it, load it in Python: Model.load_from_checkpoint(path, weights_only=False)"
+        ) from err
 
 
 def load_model(cfg: DictConfig) -> LightningModule:
     """The model saved in ``cfg.ckpt_path``: the class the checkpoint names (an RNNModule
-    stores it), else ``cfg.model._target_``. Checkpoints hold the factories of the rnn
-    and optimizer (pickled callables), so load only checkpoints you trust."""
-    check_checkpoint_file(cfg, required=True)
-    # mmap: only the class name is read here; the tensors are loaded once, below
-    saved = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False, mmap=True).get("lightning_rnn_class")
+    stores it), else ``cfg.model._target_``. Read with torch's ``weights_only`` loader:
+    checkpoints hold the factories as plain data (:mod:`lightning_rnn.modules.factories`)."""
+    saved = check_checkpoint_file(cfg, required=True).get("lightning_rnn_class")
     model_class = get_class(saved or cfg.model._target_)
-    return model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", weights_only=False)
+    return model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu")
 
 
 def check_model_matches_data(model: LightningModule, datamodule: RNNDataModule) -> None:

@@ -22,8 +22,7 @@ def run(cfg: DictConfig) -> float | None:
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
-    # weights_only=False: the checkpoints hold the rnn/optimizer factories (RNNModule.load_from_checkpoint)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=False)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:
         log.info("best checkpoint: %s", trainer.checkpoint_callback.best_model_path)
     log.info("final metrics: %s", {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())})
@@ -31,8 +30,7 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.optimized_metric and metric is None:
         missing_metric(cfg.optimized_metric, trainer)
     if cfg.test_after_training:
-        trainer.test(model, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None,
-                     weights_only=False)
+        trainer.test(model, datamodule=datamodule, ckpt_path="best" if trainer.checkpoint_callback else None)
     return None if metric is None else float(metric)
 
 

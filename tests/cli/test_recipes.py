@@ -110,12 +110,30 @@ def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     from lightning_rnn.tasks.builders import build_datamodule, build_model
     model = build_model(cfg, build_datamodule(cfg))
     ckpt = tmp_path / "model.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
-                "pytorch-lightning_version": "2.6.0"}, ckpt)
+    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
+                  "pytorch-lightning_version": "2.6.0"}
+    model.on_save_checkpoint(checkpoint)  # the factories as plain data
+    torch.save(checkpoint, ckpt)
     other = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", "data=char_file", f"data.path={small_text}",
                                       *QUICK])
     with pytest.raises(ValueError, match="ckpt_path: the checkpoint's vocab differs"):
         test.run(other)
+
+
+def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path):
+    """torch's weights_only loader refuses pickled callables (checkpoints of earlier
+    versions held the factories so): one setting error that says how to load it if trusted."""
+    import functools
+
+    from lightning_rnn.layers import FusedLSTM
+    from lightning_rnn.tasks.builders import check_checkpoint_file
+
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"hyper_parameters": {"rnn": functools.partial(FusedLSTM, hidden_size=8)}}, ckpt)
+    cfg = OmegaConf.create({"ckpt_path": str(ckpt)})
+    with pytest.raises(ValueError, match="ckpt_path: .* holds pickled Python objects") as caught:
+        check_checkpoint_file(cfg, required=True)
+    assert is_setting_error(caught.value)
 
 
 def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatch):

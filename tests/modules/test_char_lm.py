@@ -51,10 +51,10 @@ def test_checkpoint_alone_restores_the_model_and_its_vocabulary(model, tmp_path)
     trainer = tiny_trainer(max_epochs=1)
     trainer.fit(model, batches_loader(batches))
     trainer.save_checkpoint(tmp_path / "model.ckpt")
-    checkpoint = torch.load(tmp_path / "model.ckpt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "model.ckpt", weights_only=True)  # plain data: the factories described
     assert checkpoint["lightning_rnn_class"] == "lightning_rnn.modules.char_lm.CharLanguageModel"
-    with pytest.raises(Exception, match="Weights only load failed"):  # the factories are pickled callables
-        torch.load(tmp_path / "model.ckpt", weights_only=True)
-    restored = CharLanguageModel.load_from_checkpoint(tmp_path / "model.ckpt")  # so no weights_only here
+    assert checkpoint["hyper_parameters"]["rnn"]["_target_"] == "lightning_rnn.layers.cells.FusedLSTM"
+    assert checkpoint["hyper_parameters"]["vocab"] == VOCAB
+    restored = CharLanguageModel.load_from_checkpoint(tmp_path / "model.ckpt")
     assert restored.vocab.chars == VOCAB
     assert restored.sample("a", 30, seed=1) == model.sample("a", 30, seed=1)

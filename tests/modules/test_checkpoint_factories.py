@@ -1,0 +1,108 @@
+"""Checkpoints hold the factories as plain data: torch's weights_only loader reads them, so
+Lightning's Trainer resumes and evaluates from them without being told weights_only=False."""
+import functools
+
+import pytest
+import torch
+from modules_helpers import adam, batches_loader, rnn_factory, tiny_trainer
+from omegaconf import OmegaConf
+
+from lightning_rnn.layers import FusedGRU, FusedLSTM
+from lightning_rnn.modules import SequenceRegressor, factories
+
+
+def regression_batches(count=3):
+    torch.manual_seed(0)
+    return [{"inputs": torch.randn(4, 6, 3), "targets": torch.randn(4, 2, 1)} for _ in range(count)]
+
+
+def regressor(**kwargs):
+    return SequenceRegressor(input_size=3, output_size=1, horizon=2, rnn=rnn_factory(hidden_size=5),
+                             optimizer=adam(), **kwargs)
+
+
+@pytest.mark.parametrize("value", [
+    functools.partial(FusedLSTM, hidden_size=8, num_layers=2, dtype=torch.float64),
+    functools.partial(torch.optim.Adam, lr=1e-3, betas=(0.8, 0.9)),
+    functools.partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=functools.partial(pow, 0.5)),
+    functools.partial(FusedGRU, 4, 8),  # positional arguments
+    functools.partial(torch.optim.SGD, lr=OmegaConf.create({"v": 0.1}).v, momentum=0.9),
+    torch.optim.Adam,
+], ids=["layer_with_dtype", "tuple_keyword", "nested_partial", "positional", "from_omegaconf", "class"])
+def test_described_factories_rebuild_as_they_were(value, tmp_path):
+    description = factories.describe(value)
+    torch.save(description, tmp_path / "d.pt")
+    rebuilt = factories.rebuild(torch.load(tmp_path / "d.pt", weights_only=True))
+    if isinstance(value, functools.partial):
+        assert isinstance(rebuilt, functools.partial)
+        assert rebuilt.func is value.func and rebuilt.args == value.args
+        assert rebuilt.keywords.keys() == value.keywords.keys()
+        for key, item in value.keywords.items():
+            got = rebuilt.keywords[key]
+            if isinstance(item, functools.partial):
+                assert (got.func, got.args, got.keywords) == (item.func, item.args, item.keywords)
+            else:
+                assert got == item and type(got) is type(item)
+    else:
+        assert rebuilt is value
+
+
+def test_values_with_no_plain_description_are_named():
+    with pytest.raises(factories.NotDescribable, match="no importable name"):
+        factories.describe(functools.partial(torch.optim.Adam, lr=1e-3, foreach=lambda: None))
+    with pytest.raises(factories.NotDescribable, match="Tensor"):
+        factories.describe(functools.partial(torch.optim.Adam, lr=torch.tensor(1e-3)))
+
+
+def test_trainer_resumes_from_a_checkpoint_without_weights_only_false(tmp_path):
+    """Trainer.fit/validate(ckpt_path=...) load with torch's weights_only loader."""
+    trainer = tiny_trainer(max_steps=2)
+    trainer.fit(regressor(), batches_loader(regression_batches()))
+    trainer.save_checkpoint(tmp_path / "step2.ckpt")
+    saved = torch.load(tmp_path / "step2.ckpt", weights_only=True)
+    assert saved["lightning_rnn_factories"] == ["rnn", "optimizer"]
+    resumed = tiny_trainer(max_steps=5)
+    model = regressor()
+    resumed.fit(model, batches_loader(regression_batches()), ckpt_path=tmp_path / "step2.ckpt")
+    assert resumed.global_step == 5
+    (metrics,) = tiny_trainer().validate(regressor(), batches_loader(regression_batches(1)),
+                                         ckpt_path=tmp_path / "step2.ckpt", verbose=False)
+    assert "val/loss" in metrics
+
+
+def test_a_factory_with_no_description_is_pickled_and_loads_trusted(tmp_path):
+    """A tensor argument has no plain description: the checkpoint keeps the factory as an
+    object (pickled), and loading it takes weights_only=False, which torch's refusal names."""
+    model = SequenceRegressor(input_size=3, output_size=1, horizon=2, rnn=rnn_factory(hidden_size=5),
+                              optimizer=functools.partial(torch.optim.SGD, lr=torch.tensor(0.1)))
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(model, batches_loader(regression_batches(1)))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    assert torch.load(tmp_path / "model.ckpt", weights_only=False)["lightning_rnn_factories"] == ["rnn"]
+    with pytest.raises(Exception, match="weights_only"):
+        SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt")
+    restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt", weights_only=False)
+    assert restored.hparams.optimizer.keywords["lr"] == torch.tensor(0.1)
+    torch.testing.assert_close(restored.output_layer.weight, model.output_layer.weight)
+
+
+def test_a_factory_that_cannot_be_pickled_still_trains():
+    """Lightning drops a lambda from hparams (it cannot be pickled); the module keeps using it."""
+    built = []
+
+    def schedule(optimizer):
+        built.append(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5))
+        return built[-1]
+
+    model = regressor(scheduler=lambda optimizer: schedule(optimizer))
+    tiny_trainer(max_steps=2).fit(model, batches_loader(regression_batches()))
+    assert len(built) == 1 and built[0].last_epoch == 2
+
+
+def test_load_from_checkpoint_keyword_arguments_override_the_saved_factories(tmp_path):
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(regressor(), batches_loader(regression_batches(1)))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt", optimizer=adam(lr=0.5))
+    assert restored.hparams.optimizer.keywords["lr"] == 0.5
+    assert isinstance(restored.rnn, FusedLSTM) and restored.rnn.hidden_size == 5
