@@ -8,7 +8,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from .pooling import final_hidden, mean_over_steps
-from .rnn_module import RNNModule
+from .rnn_module import RNNModule, reject_tbptt
 
 POOLINGS = ("last", "mean")
 
@@ -33,6 +33,7 @@ class SequenceClassifier(RNNModule):
             raise ValueError(f"pooling: expected one of {POOLINGS}, got {pooling!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes: expected an int >= 2, got {num_classes!r}")
+        reject_tbptt(kwargs.get("tbptt_steps"), "SequenceClassifier predicts one label per sequence from its final state")
         super().__init__(input_size=input_size, **kwargs)
         self.output_layer = nn.Linear(self.rnn_output_size, num_classes)
 

@@ -7,7 +7,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from .pooling import final_hidden
-from .rnn_module import RNNModule
+from .rnn_module import RNNModule, reject_tbptt
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss}
 
@@ -33,6 +33,7 @@ class SequenceRegressor(RNNModule):
         for name, value in (("output_size", output_size), ("horizon", horizon)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        reject_tbptt(kwargs.get("tbptt_steps"), "SequenceRegressor predicts one forecast per sequence from its final state")
         super().__init__(input_size=input_size, **kwargs)
         self.output_layer = nn.Linear(self.rnn_output_size, horizon * output_size)
 

@@ -51,6 +51,15 @@ def _outermost_init_arguments(module: nn.Module, frame) -> set[str] | None:
     return found[1] if found is not None and found[0] is type(module) else None
 
 
+def reject_tbptt(tbptt_steps, reason: str) -> None:
+    """A ValueError for a module whose targets are not per step (``reason`` says why)."""
+    if tbptt_steps is not None:
+        raise ValueError(
+            f"tbptt_steps: {reason}, and truncated BPTT needs a target for every step of every chunk "
+            f"(got tbptt_steps={tbptt_steps!r}); leave it None, or subclass and override split_batch"
+        )
+
+
 def rnn_output_size(rnn: nn.Module) -> int:
     """Features per step of ``rnn``'s output: ``hidden_size`` (or ``proj_size``) x directions."""
     hidden = getattr(rnn, "proj_size", 0) or getattr(rnn, "hidden_size", None)
@@ -92,7 +101,14 @@ class RNNModule(LightningModule):
         accumulate_grad_batches: optimizer step every this many backward passes (chunks).
 
     Optimization is manual (Lightning 2 has no TBPTT), so set clipping and accumulation
-    here, not on the Trainer; precision, strategies and callbacks work as usual.
+    here, not on the Trainer (``Trainer(gradient_clip_val=...)`` or
+    ``accumulate_grad_batches=...`` is an error naming the module's argument); precision,
+    strategies and callbacks work as usual. With ``tbptt_steps``, Lightning's
+    ``global_step`` (so ``max_steps`` and ``ModelCheckpoint(every_n_train_steps=...)``)
+    counts optimizer steps, one per chunk, while ``log_every_n_steps`` and
+    ``val_check_interval`` count batches; ``every_n_train_steps`` is checked once per
+    batch, so give it a multiple of the chunks per batch. ``train/loss`` is logged once per
+    batch: the mean over its chunks, weighted by :meth:`loss_weight`.
     """
 
     #: RNNModule arguments a subclass computes from its own (e.g. ``input_size`` from
@@ -184,8 +200,11 @@ class RNNModule(LightningModule):
         return {}
 
     def loss_weight(self, batch: dict) -> int:
-        """How many items the batch's loss averages over (for epoch means)."""
-        return len(batch["targets"])
+        """How many items the batch's loss averages over, for the means over chunks and
+        epochs: the targets' batch x time entries ((B, T, ...) targets), else B. Override
+        where the loss averages over something else (real tokens of padded batches)."""
+        targets = batch["targets"]
+        return targets.shape[:2].numel() if targets.dim() >= 2 else len(targets)
 
     # ----- steps ------------------------------------------------------------------
     def shared_step(self, batch: dict, stage: str, state: State = None):
@@ -196,10 +215,6 @@ class RNNModule(LightningModule):
         metrics = getattr(self, f"{stage}_metrics")
         if metrics is not None:
             metrics.update(predictions.detach(), batch["targets"])
-        if stage == "train":
-            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=len(batch["targets"]))
-            self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss.detach()).items()},
-                          batch_size=len(batch["targets"]))
         return loss, predictions, state
 
     def split_batch(self, batch: dict) -> list[dict]:
@@ -229,10 +244,13 @@ class RNNModule(LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         state = self._initial_state("train", batch)
+        weighted_loss, weight = 0.0, 0
         for chunk in self.split_batch(batch):
             if self._max_steps_reached():  # Lightning checks max_steps only between batches
                 break
             loss, _, state = self.shared_step(chunk, "train", state)
+            chunk_weight = self.loss_weight(chunk)
+            weighted_loss, weight = weighted_loss + loss.detach() * chunk_weight, weight + chunk_weight
             self.manual_backward(loss / self.hparams.accumulate_grad_batches)
             state = detach_state(state)
             self._backwards_since_step += 1
@@ -241,6 +259,11 @@ class RNNModule(LightningModule):
         if self._backwards_since_step and self.trainer.is_last_batch:  # leftover accumulation
             self._optimizer_step()
         self._carried["train"] = state
+        if weight:  # the batch's loss: its chunks' mean, weighted as the epoch mean weighs them
+            loss = weighted_loss / weight
+            self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["targets"]))
+            self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss).items()},
+                          batch_size=len(batch["targets"]))
 
     def _evaluation_step(self, batch: dict, stage: str) -> None:
         _, _, state = self.shared_step(batch, stage, self._initial_state(stage, batch))
@@ -256,6 +279,22 @@ class RNNModule(LightningModule):
         """``Trainer.predict``: the predictions of :meth:`forward` for ``batch["inputs"]``
         (packed by ``batch["lengths"]`` where given), each sequence from a zero state."""
         return self(batch["inputs"], lengths=batch.get("lengths"))[0]
+
+    def configure_callbacks(self):
+        """No callbacks; checks the Trainer's flags first (the earliest hook Lightning calls,
+        before it refuses those it cannot apply to manual optimization, with advice to
+        switch to automatic optimization, which this module cannot do)."""
+        clip, accumulate = self.trainer.gradient_clip_val, self.trainer.accumulate_grad_batches
+        refused = {"gradient_clip_val": ("grad_clip", clip, clip is not None and clip > 0),
+                   "accumulate_grad_batches": ("accumulate_grad_batches", accumulate, accumulate != 1)}
+        for flag, (argument, value, set_) in refused.items():
+            if set_:
+                raise ValueError(
+                    f"Trainer({flag}={value!r}): {type(self).__name__} optimizes manually (truncated BPTT, "
+                    f"stateful training), so Lightning cannot apply it; pass {argument}={value!r} to the "
+                    f"module instead (Trainer({flag}) unset)"
+                )
+        return []
 
     # ----- checkpoints ------------------------------------------------------------
     #: Checkpoint key listing the hyperparameters saved as factory descriptions.

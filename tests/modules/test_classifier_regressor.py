@@ -93,6 +93,10 @@ def test_regressor_learns_a_linear_readout():
     (lambda: SequenceRegressor(input_size=3, output_size=1, loss="huber", rnn=rnn_factory(), optimizer=adam()),
      "loss"),
     (lambda: SequenceRegressor(input_size=3, output_size=0, rnn=rnn_factory(), optimizer=adam()), "output_size"),
+    (lambda: SequenceClassifier(input_size=3, num_classes=3, tbptt_steps=4, rnn=rnn_factory(), optimizer=adam()),
+     "tbptt_steps: SequenceClassifier predicts one label per sequence"),
+    (lambda: SequenceRegressor(input_size=3, output_size=1, tbptt_steps=4, rnn=rnn_factory(), optimizer=adam()),
+     "tbptt_steps: SequenceRegressor predicts one forecast per sequence"),
 ])
 def test_bad_arguments_are_named(build, message):
     with pytest.raises(ValueError, match=message):

@@ -197,3 +197,36 @@ def test_base_module_accepts_any_rnn_factory():
     trainer = tiny_trainer(max_epochs=1)
     trainer.fit(model, batches_loader(batches))
     assert trainer.global_step == 2
+
+
+def test_train_loss_is_the_batchs_mean_over_its_chunks_weighted_by_their_steps():
+    """Chunks of 4, 4 and 2 steps: train/loss is their mean weighted 4:4:2 (it was the
+    last chunk's loss, whatever Lightning kept of three self.log calls)."""
+    model = char_lm(tbptt_steps=4)
+    chunk_losses, logged = [], []
+    compute_loss = model.compute_loss
+    model.compute_loss = lambda predictions, batch: chunk_losses.append(compute_loss(predictions, batch)) or \
+        chunk_losses[-1]
+
+    class Logged(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            logged.append(trainer.callback_metrics["train/loss"].item())
+
+    trainer = tiny_trainer(max_epochs=1, callbacks=[Logged()])
+    trainer.fit(model, batches_loader(token_batches(2, steps=10)))
+    assert len(chunk_losses) == 6 and trainer.global_step == 6
+    for batch in range(2):
+        first, second, last = (loss.item() for loss in chunk_losses[3 * batch : 3 * batch + 3])
+        assert logged[batch] == pytest.approx((4 * first + 4 * second + 2 * last) / 10)
+        assert logged[batch] != pytest.approx(last)
+
+
+@pytest.mark.parametrize("flag, value, argument", [
+    ("gradient_clip_val", 1.0, "grad_clip=1.0"),
+    ("accumulate_grad_batches", 2, "accumulate_grad_batches=2"),
+])
+def test_trainer_flags_of_automatic_optimization_name_the_module_argument(flag, value, argument):
+    trainer = tiny_trainer(max_epochs=1, **{flag: value})
+    with pytest.raises(ValueError, match=rf"Trainer\({flag}={value}\): CharLanguageModel optimizes manually.*"
+                                         rf"pass {argument} to the module"):
+        trainer.fit(char_lm(), batches_loader(token_batches(1)))
