@@ -27,11 +27,13 @@ class CharVocab:
     def __len__(self) -> int:
         return len(self.chars)
 
-    def encode(self, text: str) -> torch.Tensor:
-        """``text`` as a ``(len(text),)`` int64 tensor of ids."""
+    def encode(self, text: str, name: str = "text") -> torch.Tensor:
+        """``text`` as a ``(len(text),)`` int64 tensor of ids (errors name it ``name``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"{name}: expected a str, got {type(text).__name__}")
         unknown = sorted(set(text) - self._index.keys())
         if unknown:
-            raise ValueError(f"text: characters not in the vocabulary: {''.join(unknown)!r}")
+            raise ValueError(f"{name}: characters not in the vocabulary: {''.join(unknown)!r}")
         return torch.tensor([self._index[c] for c in text], dtype=torch.long)
 
     def decode(self, ids) -> str:

@@ -10,7 +10,7 @@ from torch import nn
 from ..data.vocab import CharVocab
 from ..layers import TemporalAdapter
 from .rnn_module import RNNModule
-from .sampling import sample_next
+from .sampling import check_sampling_arguments, sample_next
 from .text_logging import log_text_samples
 
 
@@ -61,11 +61,15 @@ class CharLanguageModel(RNNModule):
 
         The prefix runs through the network once; then each character is drawn (see
         :func:`~lightning_rnn.modules.sampling.sample_next`) and fed back with the carried
-        state, one step at a time. An empty ``start_text`` starts from a uniformly drawn
-        character. ``seed`` makes the result reproducible without touching the global RNG.
+        state, one step at a time. With an empty ``start_text`` the first of the ``length``
+        characters is drawn uniformly. ``seed`` makes the result reproducible without
+        touching the global RNG.
         """
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"length: expected an int >= 0, got {length!r}")
+        temperature, top_k = check_sampling_arguments(temperature, top_k)
+        if not start_text and length == 0:
+            return ""
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
@@ -74,10 +78,10 @@ class CharLanguageModel(RNNModule):
         was_training = self.training
         self.eval()
         if start_text:
-            prefix = self.vocab.encode(start_text).to(self.device)
+            prefix = self.vocab.encode(start_text, name="start_text").to(self.device)
         else:
             prefix = torch.randint(len(self.vocab), (1,), generator=generator, device=self.device)
-            start_text = self.vocab.decode(prefix)
+            start_text, length = self.vocab.decode(prefix), length - 1
         logits, state = self(prefix.view(1, -1))  # (1, T, V)
         generated = []
         for _ in range(length):

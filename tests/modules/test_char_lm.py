@@ -35,15 +35,37 @@ def test_top_k_one_is_greedy(model):
     assert model.sample("a", 15, temperature=1.0, top_k=1, seed=3) == model.sample("a", 15, temperature=0)
 
 
-def test_sample_rejects_bad_arguments(model):
-    with pytest.raises(ValueError, match="text: characters not in the vocabulary: 'z'"):
-        model.sample("z", 5)
-    with pytest.raises(ValueError, match="temperature"):
-        model.sample("a", 5, temperature=-1.0)
-    with pytest.raises(ValueError, match="top_k"):
-        model.sample("a", 5, top_k=0)
-    with pytest.raises(ValueError, match="length"):
-        model.sample("a", -1)
+@pytest.mark.parametrize("arguments, message", [
+    (dict(start_text="z"), "start_text: characters not in the vocabulary: 'z'"),
+    (dict(temperature=-1.0), "temperature: expected a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature: expected a finite number >= 0, got nan"),
+    (dict(temperature=float("inf"), length=0), "temperature"),  # checked before any step
+    (dict(top_k=0), "top_k"),
+    (dict(length=-1), "length"),
+])
+def test_sample_rejects_bad_arguments(model, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        model.sample(**{"start_text": "a", "length": 5, **arguments})
+
+
+def test_sample_takes_numpy_and_tensor_numbers(model):
+    np = pytest.importorskip("numpy")
+    expected = model.sample("a", 10, temperature=0.5, top_k=3, seed=2)
+    assert model.sample("a", 10, temperature=np.float32(0.5), top_k=np.int64(3), seed=2) == expected
+    assert model.sample("a", 10, temperature=torch.tensor(0.5), top_k=torch.tensor(3), seed=2) == expected
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(model):
+    """Dividing the raw logits by 1e-40 overflowed float32 to inf and softmax gave NaN."""
+    assert model.sample("ab", 12, temperature=1e-40, seed=0) == model.sample("ab", 12, temperature=0)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7])
+def test_an_empty_start_gives_exactly_length_characters(model, length):
+    """The uniformly drawn first character is one of the ``length`` (val samples of 200
+    characters had 201)."""
+    text = model.sample("", length, seed=4)
+    assert len(text) == length and set(text) <= set(VOCAB)
 
 
 def test_checkpoint_alone_restores_the_model_and_its_vocabulary(model, tmp_path):
