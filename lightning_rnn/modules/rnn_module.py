@@ -32,7 +32,9 @@ def build_rnn(rnn: Callable[..., nn.Module], input_size: int) -> nn.Module:
 def _outermost_init_arguments(module: nn.Module, frame) -> set[str] | None:
     """Names of the arguments ``type(module).__init__`` received (its **kwargs expanded),
     found by walking up the chain of ``super().__init__`` calls from ``frame``; None when the
-    chain does not reach the class itself (e.g. a base ``__init__`` called without super())."""
+    chain does not reach the class itself (e.g. a base ``__init__`` called without super())
+    or when it received values through ``*args`` (forwarded to a base, under names only the
+    base's signature gives: then every hyperparameter is kept)."""
     found = None
     while frame is not None and frame.f_code.co_name == "__init__":
         local_vars = frame.f_locals
@@ -46,7 +48,10 @@ def _outermost_init_arguments(module: nn.Module, frame) -> set[str] | None:
                 names.update(local_vars.get(name) or {})
             elif param.kind is not inspect.Parameter.VAR_POSITIONAL:
                 names.add(name)
-        found = (cls, names - {next(iter(params))})
+            elif local_vars.get(name):
+                names = None
+                break
+        found = (cls, None if names is None else names - {next(iter(params))})
         frame = frame.f_back
     return found[1] if found is not None and found[0] is type(module) else None
 

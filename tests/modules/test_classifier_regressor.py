@@ -123,3 +123,26 @@ def test_subclass_computing_base_arguments_restores_from_its_checkpoint(tmp_path
     with torch.no_grad():
         torch.testing.assert_close(restored(batch["inputs"], lengths=batch["lengths"])[0],
                                    model.eval()(batch["inputs"], lengths=batch["lengths"])[0])
+
+
+class ForwardingClassifier(SequenceClassifier):
+    """A subclass forwarding everything, positional arguments included."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_subclass_forwarding_positional_arguments_restores_from_its_checkpoint(tmp_path):
+    """input_size and num_classes came in through *args: the checkpoint must keep them."""
+    model = ForwardingClassifier(3, 4, "mean", rnn=rnn_factory(hidden_size=6), optimizer=adam()).eval()
+    _, batch = variable_batch()
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader([batch]))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    saved = torch.load(tmp_path / "model.ckpt", weights_only=True)["hyper_parameters"]
+    assert {"input_size", "num_classes", "pooling", "rnn", "optimizer"} <= set(saved)
+    restored = ForwardingClassifier.load_from_checkpoint(tmp_path / "model.ckpt").eval()
+    assert restored.hparams.pooling == "mean" and restored.hparams.num_classes == 4
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch["inputs"], lengths=batch["lengths"])[0],
+                                   model(batch["inputs"], lengths=batch["lengths"])[0])
