@@ -8,7 +8,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from .pooling import final_hidden, mean_over_steps
-from .rnn_module import RNNModule, reject_tbptt
+from .rnn_module import RNNModule, check_float_steps, reject_tbptt
 
 POOLINGS = ("last", "mean")
 
@@ -39,6 +39,8 @@ class SequenceClassifier(RNNModule):
 
     def encode(self, inputs, state=None, lengths=None):
         """-> (pooled features (B, D*H), state)."""
+        if isinstance(self.input_layer, nn.Identity):  # a subclass may embed token ids first
+            check_float_steps(inputs, self.hparams.input_size)
         outputs, state = super().encode(inputs, state, lengths)
         return self.pool(outputs, state, lengths), state
 
@@ -53,7 +55,13 @@ class SequenceClassifier(RNNModule):
         return self.output_layer(features)
 
     def compute_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        return F.cross_entropy(logits, batch["targets"])
+        targets = batch["targets"]
+        if not isinstance(targets, torch.Tensor) or targets.shape != logits.shape[:1] \
+                or targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            described = f"{targets.dtype} of shape {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) \
+                else type(targets).__name__
+            raise ValueError(f"targets: expected integer class ids of shape ({len(logits)},), got {described}")
+        return F.cross_entropy(logits, targets.long())
 
     def build_metrics(self) -> MetricCollection:
         return MetricCollection({"acc": MulticlassAccuracy(num_classes=self.hparams.num_classes, average="micro")})

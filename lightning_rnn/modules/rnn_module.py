@@ -56,6 +56,31 @@ def _outermost_init_arguments(module: nn.Module, frame) -> set[str] | None:
     return found[1] if found is not None and found[0] is type(module) else None
 
 
+def check_lengths(lengths, padded: torch.Tensor) -> torch.Tensor:
+    """``lengths`` (a tensor, list or tuple of B ints in [1, T]) as a CPU int64 tensor, for
+    the (B, T, ...) batch ``padded``; a ValueError naming ``lengths`` otherwise."""
+    lengths = torch.as_tensor(lengths, device="cpu") if not isinstance(lengths, torch.Tensor) else lengths.cpu()
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.is_complex():
+        raise ValueError(f"lengths: expected B integer lengths, got {lengths.dtype} of shape {tuple(lengths.shape)}")
+    B, T = padded.shape[:2]
+    if len(lengths) != B:
+        raise ValueError(f"lengths: expected one length per sequence ({B}), got {len(lengths)}")
+    if len(lengths) and (lengths.min() < 1 or lengths.max() > T):
+        raise ValueError(f"lengths: expected lengths in [1, {T}] (the inputs' steps, dim 1), "
+                         f"got {lengths.min().item()}..{lengths.max().item()}")
+    return lengths.long()
+
+
+def check_float_steps(inputs, input_size: int) -> None:
+    """A ValueError naming ``inputs`` unless they are (B, T, input_size) floats or packed."""
+    if isinstance(inputs, PackedSequence):
+        return
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 3 or not inputs.is_floating_point():
+        described = f"{inputs.dtype} of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) \
+            else type(inputs).__name__
+        raise ValueError(f"inputs: expected floats of shape (B, T, {input_size}) or a PackedSequence, got {described}")
+
+
 def reject_tbptt(tbptt_steps, reason: str) -> None:
     """A ValueError for a module whose targets are not per step (``reason`` says why)."""
     if tbptt_steps is not None:
@@ -175,7 +200,8 @@ class RNNModule(LightningModule):
         """
         x = self.input_layer(inputs)
         if lengths is not None and not isinstance(x, PackedSequence):
-            x = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            lengths = check_lengths(lengths, x)
+            x = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         return self.rnn(x, state)
 
     def head(self, features):
@@ -184,6 +210,8 @@ class RNNModule(LightningModule):
 
     def forward(self, inputs, state: State = None, lengths: torch.Tensor | None = None):
         """``(predictions, state)`` for ``inputs``, starting from ``state`` (None: zeros)."""
+        if lengths is not None and not isinstance(inputs, PackedSequence):
+            lengths = check_lengths(lengths, inputs)
         features, state = self.encode(inputs, state, lengths)
         return self.head(features), state
 

@@ -146,3 +146,44 @@ def test_subclass_forwarding_positional_arguments_restores_from_its_checkpoint(t
     with torch.no_grad():
         torch.testing.assert_close(restored(batch["inputs"], lengths=batch["lengths"])[0],
                                    model(batch["inputs"], lengths=batch["lengths"])[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda b: {**b, "targets": b["targets"].float()}, r"targets: expected integer class ids of shape \(3,\), got "
+                                                       r"torch.float32 of shape \(3,\)"),
+    (lambda b: {**b, "targets": b["targets"].unsqueeze(1)}, r"targets: .* got torch.int64 of shape \(3, 1\)"),
+    (lambda b: {**b, "lengths": b["lengths"] + 1}, r"lengths: expected lengths in \[1, 7\] .* got 3..8"),
+    (lambda b: {**b, "lengths": b["lengths"][:2]}, r"lengths: expected one length per sequence \(3\), got 2"),
+    (lambda b: {**b, "inputs": b["inputs"][..., 0]}, r"inputs: expected floats of shape \(B, T, 3\) or a "
+                                                     r"PackedSequence, got torch.float32 of shape \(3, 7\)"),
+])
+def test_bad_batches_are_named(change, message):
+    model = classifier()
+    _, batch = variable_batch()
+    with pytest.raises(ValueError, match=message):
+        model.shared_step(change(batch), "val")
+
+
+def test_lengths_may_be_a_list_and_int32_targets_are_class_ids():
+    model = classifier()
+    _, batch = variable_batch()
+    loss, logits, _ = model.shared_step(batch, "val")
+    listed = {**batch, "lengths": batch["lengths"].tolist(), "targets": batch["targets"].int()}
+    loss_listed, logits_listed, _ = model.shared_step(listed, "val")
+    torch.testing.assert_close(logits_listed, logits)
+    torch.testing.assert_close(loss_listed, loss)
+
+
+class TokenClassifier(SequenceClassifier):
+    """Text classification: token ids embedded before the rnn (the float check steps aside)."""
+
+    def __init__(self, vocab_size: int, **kwargs):
+        super().__init__(input_size=5, num_classes=2, **kwargs)
+        self.input_layer = torch.nn.Embedding(vocab_size, 5)
+
+
+def test_a_subclass_embedding_token_ids_takes_integer_inputs():
+    model = TokenClassifier(11, rnn=rnn_factory(hidden_size=6), optimizer=adam())
+    batch = {"inputs": torch.randint(0, 11, (3, 6)), "lengths": torch.tensor([6, 2, 4]), "targets": torch.tensor([0, 1, 1])}
+    loss, logits, _ = model.shared_step(batch, "val")
+    assert logits.shape == (3, 2) and torch.isfinite(loss)
