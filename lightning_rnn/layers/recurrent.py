@@ -52,7 +52,9 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 def _check_flag(name: str, value) -> bool:
-    if not isinstance(value, numbers.Integral) or value not in (0, 1):
+    """A bool, 0 or 1, or a numpy bool (a flag read from an array or a numpy-backed config)."""
+    numpy_bool = getattr(value, "dtype", None) == bool and getattr(value, "shape", None) == ()
+    if not (isinstance(value, numbers.Integral) or numpy_bool) or value not in (0, 1):
         raise TypeError(f"{name}: expected a bool, got {value!r}")
     return bool(value)
 
@@ -226,6 +228,7 @@ class FusedRNNBase(nn.Module):
                caller's batch order; P = proj_size if set, else H.
         """
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
+        self._check_weights()
         self._check_input_matches_weights(batch.source)
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
         # An empty batch (B = 0) gives torch.nn's empty outputs; the kernels need rows.
@@ -328,6 +331,43 @@ class FusedRNNBase(nn.Module):
         return out, final
 
     # ----- validation ---------------------------------------------------------------
+    def _check_weights(self) -> None:
+        """Every weight in torch.nn's shape, in one dtype and on one device: a replaced
+        parameter of another shape or dtype is named here, not in a kernel. Parametrized
+        weights (weight_norm, ...) are left to the kernels: reading one here would
+        evaluate its parametrization once more per forward."""
+        params = self._parameters
+        reference = None
+        for name, shape in self._weight_shapes():
+            w = params.get(name)
+            if w is None:
+                continue
+            if w.shape != shape:
+                raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(w.shape)}")
+            if reference is None:
+                reference = name, w
+            elif w.dtype != reference[1].dtype or w.device != reference[1].device:
+                raise ValueError(f"{name}: expected {reference[1].dtype} on {reference[1].device} like "
+                                 f"{reference[0]}, got {w.dtype} on {w.device}")
+
+    def _weight_shapes(self) -> list[tuple[str, torch.Size]]:
+        """(name, torch.nn's shape) of every weight, computed once per configuration."""
+        config = (self.input_size, self.hidden_size, self.num_layers, self.bias, self.bidirectional, self.proj_size)
+        if getattr(self, "_weight_shapes_for", None) != config:
+            G, H, P, D = self.cell.num_gates, self.hidden_size, self.output_size, self.num_directions
+            shapes = []
+            for layer in range(self.num_layers):
+                inputs = self.input_size if layer == 0 else P * D
+                kinds = {"weight_ih": (G * H, inputs), "weight_hh": (G * H, P)}
+                if self.bias:
+                    kinds.update(bias_ih=(G * H,), bias_hh=(G * H,))
+                if self.proj_size:
+                    kinds["weight_hr"] = (P, H)
+                shapes += [(kind + self._suffix(layer, d), torch.Size(shape)) for d in range(D)
+                           for kind, shape in kinds.items()]
+            self._weight_shapes_for, self._weight_shapes_cache = config, shapes
+        return self._weight_shapes_cache
+
     def _check_input_matches_weights(self, x: torch.Tensor) -> None:
         w = self.weight_ih_l0
         if x.device != w.device:

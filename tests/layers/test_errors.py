@@ -64,8 +64,10 @@ def test_constructor_arguments_of_the_wrong_type(kwargs, match):
 
 def test_constructor_accepts_what_torch_nn_accepts():
     np = pytest.importorskip("numpy")
-    layer = FusedLSTM(np.int64(3), 4, num_layers=2, dropout=np.float32(0.25), proj_size=0, bias=1)
-    assert (layer.input_size, layer.dropout, layer.bias) == (3, 0.25, True)
+    layer = FusedLSTM(np.int64(3), 4, num_layers=2, dropout=np.float32(0.25), proj_size=0, bias=1,
+                      bidirectional=np.True_, batch_first=np.bool_(False))
+    assert (layer.input_size, layer.dropout, layer.bias, layer.bidirectional) == (3, 0.25, True, True)
+    assert layer.batch_first is False
     assert type(layer.input_size) is int
     with pytest.warns(UserWarning, match="dropout=0.2 has no effect with num_layers=1"):
         FusedGRU(3, 4, dropout=0.2)
@@ -130,3 +132,35 @@ def test_nan_in_one_sequence_leaves_other_rows_alone(layer_class):
     torch.testing.assert_close(dirty[:, keep], clean[:, keep], rtol=0, atol=0)
     (dirty[:, keep].sum()).backward()
     assert torch.isfinite(x_bad.grad[:, keep]).all()
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_a_replaced_weight_of_the_wrong_shape_or_dtype_is_named(backend):
+    """Caught before the kernels, under torch.nn's names (a kernel would name its own
+    arguments, and the wrong one: w_hr for a bad weight_hh with a projection)."""
+    layer = FusedLSTM(2, 8, num_layers=2, proj_size=2, dtype=torch.float64, backend=backend)
+    x = torch.randn(3, 1, 2, dtype=torch.float64)
+    layer.weight_hh_l0 = torch.nn.Parameter(torch.zeros(32, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weight_hh_l0: expected shape \(32, 2\), got \(32, 3\)"):
+        layer(x)
+    layer = FusedGRU(2, 4, num_layers=2, dtype=torch.float64, backend=backend)
+    layer.bias_hh_l1 = torch.nn.Parameter(torch.zeros(12))
+    with pytest.raises(ValueError, match="bias_hh_l1: expected torch.float64 on cpu like weight_ih_l0, got "
+                                         "torch.float32 on cpu"):
+        layer(x)
+
+
+def test_parametrized_weights_are_evaluated_once_per_forward():
+    """The weight checks skip parametrized weights: reading one evaluates its parametrization."""
+    calls = []
+
+    class Counted(torch.nn.Module):
+        def forward(self, w):
+            calls.append(1)
+            return w
+
+    layer = FusedLSTM(2, 4, backend="reference")
+    torch.nn.utils.parametrize.register_parametrization(layer, "weight_hh_l0", Counted())
+    calls.clear()
+    layer(torch.randn(3, 1, 2))
+    assert len(calls) == 1
