@@ -5,7 +5,11 @@ GEMM operands (input, weights, hidden state fed to the recurrent GEMM) are cast 
 autocast dtype (bf16/fp16), while the gate pre-activations, the cell state and every
 accumulation stay in the weights' dtype (fp32). The activated gates saved for the
 backward pass are stored in the low precision, and the layer output follows autocast's
-convention for matmuls (low precision).
+convention for matmuls (low precision). The final states are what the next step would
+read: the LSTM's h_n in the low precision (a GEMM operand only) and its c_n in fp32; the
+GRU's h_n, which its next step also reads in the pointwise update, in fp32. So a state
+carried on (a checkpointed chunk's boundary, truncated BPTT, stateful training) continues
+exactly as one long sequence would.
 """
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ class GRUFunction(torch.autograd.Function):
         ctx.steps, ctx.precision, ctx.batch_sizes, ctx.x_is_input = steps, p, batch_sizes, x_c is x
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
         ctx.save_for_backward(x_c, gates.to(p.compute), h0, w_ih, w_hh, b_ih, b_hh)
-        return out, h.to(p.compute)
+        return out, h  # h_n in the state dtype: the carried state is not rounded (precision.py)
 
     @staticmethod
     def backward(ctx, d_out, d_hn):

@@ -275,6 +275,26 @@ def test_bf16_checkpointed_gradients_match_unchunked(cell):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_checkpointed_forward_is_the_unchunked_one_exactly(cell, backend):
+    """The states carried from chunk to chunk are those the next step reads (the GRU's h in
+    fp32, not rounded to bf16 at each boundary), so the chunks compute what one pass does."""
+    torch.manual_seed(0)
+    layer = CELLS[cell](8, 16, num_layers=2, backend=backend)
+    x = torch.randn(12, 3, 8, requires_grad=True)
+    results = []
+    for chunk in (None, 4, 1):
+        layer.checkpoint_chunk_size = chunk
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, state = layer(x)
+        results.append([out, *(state if isinstance(state, tuple) else (state,))])
+    for got in results[1:]:
+        for a, b in zip(got, results[0], strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert results[0][1].dtype == (torch.bfloat16 if cell == "lstm" else torch.float32)  # h_n
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_layer_called_twice_in_one_graph(backend):
     """Shared weights (the same layer on two inputs): each call sums its own chunks'

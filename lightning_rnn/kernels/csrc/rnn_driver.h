@@ -151,7 +151,8 @@ template <typename T>
 T* ptr(const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 
 // ---- forward --------------------------------------------------------------------------
-// Returns {out (N,P), h_n (B,P), c_n (B,H) LSTM / undefined, gates (N,4H), x_c (N,I)}.
+// Returns {out (N,P), h_n (B,P), c_n (B,H) LSTM / undefined, gates (N,4H), x_c (N,I)};
+// h_n in the compute dtype for the LSTM, the state dtype for the GRU.
 template <class Cell, class Dev>
 std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& h0,
                                     const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
@@ -209,7 +210,10 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
       }
     }
   });
-  return {out, h_c, c0 ? c : at::Tensor(), gates, x_c};
+  // h_n: the LSTM's h (its next use is a GEMM operand, so the compute dtype loses nothing);
+  // the GRU's h in the state dtype, as its next step would read it (a chunk boundary of
+  // gradient checkpointing, or state carried across batches, must not round it).
+  return {out, c0 ? h_c : h, c0 ? c : at::Tensor(), gates, x_c};
 }
 
 // h_{t-1} (N, P) of every token of a projected LSTM: h_t = r_t W_hr^T for all rows in one
