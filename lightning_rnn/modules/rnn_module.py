@@ -174,7 +174,7 @@ class RNNModule(LightningModule):
             raise ValueError(f"accumulate_grad_batches: expected an int >= 1, got {accumulate_grad_batches!r}")
         if not callable(optimizer):
             raise TypeError(f"optimizer: expected a factory optimizer(params), got {optimizer!r}")
-        self.save_hyperparameters(ignore=list(self.derived_arguments), logger=False)  # subclass's too
+        self.save_hyperparameters(ignore=list(self.derived_arguments))  # the subclass's too
         # What the most derived class's constructor itself was given: the checkpoint keeps only
         # these, so load_from_checkpoint calls it as the user did (see on_save_checkpoint).
         self._constructor_arguments = _outermost_init_arguments(self, inspect.currentframe())
@@ -328,6 +328,20 @@ class RNNModule(LightningModule):
                     f"module instead (Trainer({flag}) unset)"
                 )
         return []
+
+    @property
+    def hparams_initial(self):
+        """The hyperparameters Lightning logs at the start of fit: factories as their plain
+        description (``rnn: {_target_: ...FusedLSTM, hidden_size: 128, ...}``), not as
+        objects a logger cannot write. ``hparams`` keeps the factories themselves."""
+        logged = super().hparams_initial
+        for name, value in logged.items():
+            if not factories.is_plain(value):
+                try:
+                    logged[name] = factories.describe(value)
+                except factories.NotDescribable:
+                    pass
+        return logged
 
     # ----- checkpoints ------------------------------------------------------------
     #: Checkpoint key listing the hyperparameters saved as factory descriptions.

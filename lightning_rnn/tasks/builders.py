@@ -22,8 +22,12 @@ def build_datamodule(cfg: DictConfig) -> RNNDataModule:
 
 
 def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
-    """``cfg.model`` instantiated with the sizes (vocab, input_size, ...) the data gives."""
-    return instantiate(cfg.model, **datamodule.model_kwargs())
+    """``cfg.model`` instantiated with the sizes (vocab, input_size, ...) the data gives.
+    The run logs the whole resolved config (build_trainer), so the model does not log its
+    own hyperparameters too."""
+    model = instantiate(cfg.model, **datamodule.model_kwargs())
+    model._log_hyperparams = False  # what save_hyperparameters(logger=False) sets
+    return model
 
 
 def check_checkpoint_file(cfg: DictConfig, required: bool) -> dict | None:
@@ -52,7 +56,9 @@ def load_model(cfg: DictConfig) -> LightningModule:
     checkpoints hold the factories as plain data (:mod:`lightning_rnn.modules.factories`)."""
     saved = check_checkpoint_file(cfg, required=True).get("lightning_rnn_class")
     model_class = get_class(saved or cfg.model._target_)
-    return model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu")
+    model = model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu")
+    model._log_hyperparams = False  # the run logs its config (build_trainer)
+    return model
 
 
 def check_model_matches_data(model: LightningModule, datamodule: RNNDataModule) -> None:

@@ -155,7 +155,7 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     (table,) = Path(run.dir).glob("media/table/val/samples_*.table.json")
     content = json.loads(table.read_text())
     assert content["columns"] == ["step", "text"] and content["data"][0][0] == 2
-    assert len(content["data"][0][1]) == 1 + 20  # a drawn first character, then 20 sampled
+    assert len(content["data"][0][1]) == 20  # val_sample_length characters, the first drawn uniformly
 
 
 def test_optuna_sweep_returns_the_optimized_metric(hydra_sweep_runner, tmp_path):

@@ -106,3 +106,19 @@ def test_load_from_checkpoint_keyword_arguments_override_the_saved_factories(tmp
     restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt", optimizer=adam(lr=0.5))
     assert restored.hparams.optimizer.keywords["lr"] == 0.5
     assert isinstance(restored.rnn, FusedLSTM) and restored.rnn.hidden_size == 5
+
+
+def test_hyperparameters_reach_the_logger_with_the_factories_described(tmp_path):
+    """A CSV logger's hparams.yaml gets every argument, the factories as descriptions
+    (Lightning skipped them, or logged None, for the objects)."""
+    import yaml
+    from lightning.pytorch.loggers import CSVLogger
+
+    model = regressor()
+    trainer = tiny_trainer(max_steps=1, logger=CSVLogger(tmp_path))
+    trainer.fit(model, batches_loader(regression_batches(1)))
+    logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
+    assert logged["rnn"] == {"_target_": "lightning_rnn.layers.cells.FusedLSTM", "_partial_": True, "hidden_size": 5,
+                             "num_layers": 1, "backend": "reference"}
+    assert logged["optimizer"]["lr"] == 1e-2 and logged["horizon"] == 2
+    assert isinstance(model.hparams.rnn, functools.partial)  # hparams keeps the factory itself
