@@ -126,6 +126,8 @@ class RNNModule(LightningModule):
         stateful: carry the (detached) state from one batch to the next, reset at the
             start of every epoch (torch-rnn's remember_states). Needs batches whose rows
             continue one another, as :class:`~lightning_rnn.data.ContiguousStreams` gives.
+            A batch of another size than the last (a short final batch) starts from zeros.
+            The carried state is not saved in checkpoints: a resumed run starts from zeros.
         grad_clip: clip gradients to this norm (or value) before each step; None: off.
         grad_clip_algorithm: ``"norm"`` or ``"value"``.
         accumulate_grad_batches: optimizer step every this many backward passes (chunks).
