@@ -1,7 +1,7 @@
 """GPUMemoryLogger: where the memory of a training step goes, to any logger.
 
-Every ``every_n_steps`` training batches (the first, then one in every_n_steps) it measures
-one batch and logs, under ``memory/``:
+Every ``every_n_steps`` training batches (the first, then one in every_n_steps; batches,
+not optimizer steps) it measures one batch and logs, under ``memory/``:
 
 - on CUDA: ``{phase}_peak_allocated_mb`` / ``{phase}_peak_reserved_mb`` for the phases
   ``forward`` (batch start -> before backward), ``backward`` (-> after backward) and
@@ -18,11 +18,13 @@ writes a snapshot (``torch.cuda.memory._dump_snapshot``) at the end of training,
 https://pytorch.org/memory_viz opens.
 
 Tokens per batch: ``lengths.sum()`` of a dict batch with ``lengths``, else the first
-two dims of ``inputs`` (or of the first tensor in the batch).
+two dims of ``inputs`` (or of the first tensor in the batch: padding counts there). With
+truncated BPTT ``activation_mb`` sums the step's chunks, of which one is alive at a time.
 """
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -90,6 +92,9 @@ class GPUMemoryLogger(Callback):
     def __init__(self, every_n_steps: int = 50, snapshot_path: str | None = None, snapshot_max_entries: int = 100_000):
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps: expected an int >= 1, got {every_n_steps!r}")
+        if isinstance(snapshot_max_entries, bool) or not isinstance(snapshot_max_entries, int) \
+                or snapshot_max_entries < 1:
+            raise ValueError(f"snapshot_max_entries: expected an int >= 1, got {snapshot_max_entries!r}")
         self.every_n_steps = every_n_steps
         self.snapshot_path, self.snapshot_max_entries = snapshot_path, snapshot_max_entries
         self._measuring = False
@@ -101,23 +106,43 @@ class GPUMemoryLogger(Callback):
 
     # ----- set-up -------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._handles:
-            return
-        self._batches_seen = 0
-        for layer in fused_layers(pl_module):
-            self._handles.append(layer.register_forward_pre_hook(self._enter_meter))
-            self._handles.append(layer.register_forward_hook(self._exit_meter))
-        if self.snapshot_path is not None and stage == "fit":
+        if self.snapshot_path is not None and stage == "fit" and not self._recording:
             if self._cuda(trainer):
+                # the folder now: a bad path fails before the run, not after it
+                Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
                 torch.cuda.memory._record_memory_history(max_entries=self.snapshot_max_entries)
                 self._recording = True
             else:
                 rank_zero_warn("GPUMemoryLogger: snapshot_path needs a CUDA device; no snapshot will be written")
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # here, not in setup: layers a module builds in configure_model() or setup() exist now
+        if self._handles:
+            return
+        self._batches_seen = 0
+        layers = fused_layers(pl_module)
+        for layer in layers:
+            self._handles.append(layer.register_forward_pre_hook(self._enter_meter))
+            self._handles.append(layer.register_forward_hook(self._exit_meter))
+        if not trainer.loggers:
+            rank_zero_warn("GPUMemoryLogger: the Trainer has no logger; nothing will be logged")
+        elif not layers:
+            rank_zero_warn(
+                "GPUMemoryLogger: the model has no FusedLSTM/FusedGRU layers; memory/activation_mb stays 0 "
+                "(other layers' saved activations are not measured)"
+            )
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # Lightning skips teardown and on_train_end when a run raises
+        self.teardown(trainer, pl_module, "fit")
+        if self._recording:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._recording = False
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._recording:

@@ -1,9 +1,11 @@
 """GradientCheckpointing: trade recomputation for activation memory.
 
-At ``setup`` every fused layer gets ``checkpoint_chunk_size = chunk_size``: its
-recurrence then saves only its input and the states at chunk boundaries and recomputes
-each chunk during backward (see :mod:`lightning_rnn.layers.checkpointing`). Outputs and
-gradients are the same as without it. ``teardown`` restores the layers' own settings.
+When fit starts (``on_fit_start``: after the module's ``configure_model`` and ``setup``,
+so layers built there count too) every fused layer gets ``checkpoint_chunk_size =
+chunk_size``: its recurrence then saves only its input and the states at chunk
+boundaries and recomputes each chunk during backward (see
+:mod:`lightning_rnn.layers.checkpointing`). Outputs and gradients are the same as without
+it. ``teardown``, or ``on_exception`` when fit raises, restores the layers' own settings.
 
 Optionally, other submodules named in ``modules`` (e.g. ``["head"]``) are wrapped with
 ``torch.utils.checkpoint`` (non-reentrant): in training their forward keeps only its
@@ -45,12 +47,14 @@ class GradientCheckpointing(Callback):
         self.chunk_size = check_chunk_size(chunk_size, "chunk_size")
         if isinstance(modules, str) or not all(isinstance(m, str) for m in modules):
             raise TypeError(f"modules: expected a list of submodule names, got {modules!r}")
+        if len(set(modules)) != len(modules):
+            raise ValueError(f"modules: expected distinct submodule names, got {list(modules)!r}")
         self.modules = tuple(modules)
         self._previous: list[tuple[nn.Module, object]] = []
         self._wrapped: list[nn.Module] = []
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._previous or self._wrapped:  # already set up (e.g. fit then test)
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._previous or self._wrapped:  # already set up
             return
         layers = fused_layers(pl_module)
         for layer in layers:
@@ -74,6 +78,12 @@ class GradientCheckpointing(Callback):
             )
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore()  # Lightning skips teardown when a run raises
+
+    def _restore(self) -> None:
         for layer, previous in self._previous:
             layer.checkpoint_chunk_size = previous
         for module in self._wrapped:

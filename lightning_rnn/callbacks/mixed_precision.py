@@ -7,7 +7,7 @@ Lightning-native way to hook autocast is a precision plugin: :class:`RNNMixedPre
 is Lightning's own ``MixedPrecision`` plugin (autocast + ``torch.amp.GradScaler`` for
 fp16) plus bookkeeping of the loss scale and of skipped steps. The callback installs it
 in ``setup`` — before the strategy sets up the model and optimizers — and puts the
-original plugin back in ``teardown``.
+original plugin back in ``teardown`` (or ``on_exception``, when the run raises).
 
 Composition with ``Trainer(precision=...)``:
 - ``"32-true"`` (the default): the callback's plugin replaces the plain one;
@@ -21,7 +21,8 @@ state and accumulations in fp32 and save the gates in the low precision
 (:mod:`lightning_rnn.kernels.precision`); nothing else needs to change for them.
 
 Logged (fp16, every training step): ``precision/loss_scale`` and
-``precision/skipped_steps`` (optimizer steps skipped because of inf/NaN gradients).
+``precision/skipped_steps`` (optimizer steps skipped because of inf/NaN gradients, since the
+run started: the count is saved in checkpoints with the scaler's state).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.plugins.precision import Precision
+
+_SKIPPED_KEY = "lightning_rnn_skipped_steps"  # beside the GradScaler's state in a checkpoint
 
 # dtype name -> (torch dtype, Lightning's precision string)
 DTYPES = {"bf16": (torch.bfloat16, "bf16-mixed"), "fp16": (torch.float16, "16-mixed")}
@@ -51,6 +54,16 @@ class RNNMixedPrecision(LightningMixedPrecision):
         if self.scaler.get_scale() < scale:
             self.skipped_steps += 1
         return result
+
+    def state_dict(self) -> dict:
+        """The scaler's state, and the skipped steps so far (they stay cumulative across a resume)."""
+        state = super().state_dict()
+        return {**state, _SKIPPED_KEY: self.skipped_steps} if self.scaler is not None else state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict)
+        self.skipped_steps = int(state.pop(_SKIPPED_KEY, 0))
+        super().load_state_dict(state)
 
     @property
     def loss_scale(self) -> float | None:
@@ -86,14 +99,19 @@ class MixedPrecision(Callback):
         device = trainer.strategy.root_device.type
         if isinstance(current, LightningMixedPrecision):
             if current.precision != self.lightning_precision:
-                raise ValueError(self._disagreement(current.precision))
+                raise ValueError(self._disagreement(current.precision, device))
             scaler = current.scaler  # compose: keep the Trainer's scaler, one autocast
         elif type(current) is Precision:  # precision="32-true"
             scaler = None
             if self.dtype == "fp16":
                 scaler = torch.amp.GradScaler(device, init_scale=self.init_scale, growth_interval=self.growth_interval)
         else:
-            raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__)))
+            raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__), device))
+        if device == "cpu" and self.dtype == "fp16":
+            rank_zero_warn(
+                "MixedPrecision(dtype='fp16') on CPU: fp16 GEMMs are emulated there and run many times slower "
+                "than fp32 (Lightning itself runs precision='16-mixed' as bf16 on CPU); use dtype='bf16' on CPU."
+            )
         if device == "cpu" and self.dtype == "bf16" and not _cpu_has_fast_bf16():
             rank_zero_warn(
                 "MixedPrecision(dtype='bf16') on a CPU without native bf16 instructions (AVX512-BF16/AMX): "
@@ -103,9 +121,13 @@ class MixedPrecision(Callback):
         self.plugin = RNNMixedPrecision(self.lightning_precision, device, scaler)
         trainer.strategy.precision_plugin = self.plugin
 
-    def _disagreement(self, precision: str) -> str:
+    def _disagreement(self, precision: str, device: str) -> str:
+        converted = (
+            " (Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU)"
+            if device == "cpu" and precision == "bf16-mixed" and self.dtype == "fp16" else ""
+        )
         return (
-            f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}); "
+            f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}){converted}; "
             f"use Trainer(precision='32-true') or precision={self.lightning_precision!r}, "
             f"or drop one of the two"
         )
@@ -115,6 +137,9 @@ class MixedPrecision(Callback):
             return
         pl_module.log("precision/loss_scale", self.plugin.loss_scale, batch_size=1)
         pl_module.log("precision/skipped_steps", float(self.plugin.skipped_steps), batch_size=1)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning skips teardown when a run raises
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._original is not None and trainer.strategy.precision_plugin is self.plugin:

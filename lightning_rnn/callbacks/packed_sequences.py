@@ -14,11 +14,14 @@ consumes. The callback
 3. tells Lightning the batch size is ``len(lengths)`` (Lightning would otherwise infer the
    number of packed rows from the PackedSequence);
 4. logs ``packed/padding_efficiency`` (real / padded tokens of the loaded batch) and
-   ``packed/tokens_per_sec`` (real tokens per second of wall time between training steps).
+   ``packed/tokens_per_sec`` (real tokens per second of the training step: forward,
+   backward and optimizer; data loading and validation are not counted).
 
 The train dataloader must be a ``torch.utils.data.DataLoader`` with a ``batch_size`` over a
 map-style dataset; sequence lengths come from ``dataset.lengths`` if it has one, else from
-``len(dataset[i][inputs_key])`` (one pass over the dataset at setup). Under DDP, Lightning
+each item's ``lengths_key`` or ``len(dataset[i][inputs_key])`` (one pass over the dataset at
+setup). ``predict`` batches are left as they are (padded). After fit — also when it
+raises — the dataloader source is as it was. Under DDP, Lightning
 re-creates the batch sampler around its DistributedSampler, whether the dataloader comes from a
 ``train_dataloader()`` hook or is passed to ``fit``: each process buckets its own shard.
 """
@@ -30,16 +33,32 @@ import torch
 from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .length_bucketing import LengthBucketBatchSampler
 
 
-def dataset_lengths(dataset, key: str) -> torch.Tensor:
-    """(len(dataset),) sequence lengths: ``dataset.lengths`` or ``len(dataset[i][key])``."""
+def dataset_lengths(dataset, key: str, lengths_key: str = "lengths") -> torch.Tensor:
+    """(len(dataset),) sequence lengths: ``dataset.lengths``, else each dict item's
+    ``lengths_key`` (items padded already) or ``len(item[key])``; a TypeError that says how
+    to give them when the dataset has none of these."""
     lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        lengths = [len(dataset[i][key]) for i in range(len(dataset))]
+    if lengths is not None:
+        return torch.as_tensor(lengths, dtype=torch.long)
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise TypeError(
+            f"PackedSequences: bucketing needs a map-style dataset (len and indexing), got {type(dataset).__name__}; "
+            "pass bucketing=False to only pack the batches"
+        )
+    try:
+        items = (dataset[i] for i in range(len(dataset)))
+        lengths = [int(item[lengths_key]) if lengths_key in item else len(item[key]) for item in items]
+    except (TypeError, KeyError, IndexError) as err:
+        raise TypeError(
+            f"PackedSequences: cannot read the sequence lengths of {type(dataset).__name__}'s items ({err!r}); "
+            f"give the dataset a `lengths` attribute (one int per item) or make its items dicts with "
+            f"{key!r} (T, ...) and optionally {lengths_key!r}"
+        ) from err
     return torch.as_tensor(lengths, dtype=torch.long)
 
 
@@ -72,9 +91,13 @@ class PackedSequences(Callback):
             raise ValueError(f"bucket_size: expected None or an int >= 1, got {bucket_size!r}")
         self.bucket_size, self.bucketing, self.shuffle = bucket_size, bool(bucketing), bool(shuffle)
         self.inputs_key, self.lengths_key = inputs_key, lengths_key
+        if isinstance(pack_keys, str):
+            pack_keys = (pack_keys,)
+        if pack_keys is not None and not all(isinstance(k, str) for k in pack_keys):
+            raise TypeError(f"pack_keys: expected a list of batch keys, got {pack_keys!r}")
         self.pack_keys = tuple(pack_keys) if pack_keys is not None else (inputs_key,)
         self._restore = None
-        self._last_time: float | None = None
+        self._step_start = 0.0
 
     # ----- train dataloader ---------------------------------------------------------
     def bucketed(self, loader: DataLoader) -> DataLoader:
@@ -89,7 +112,7 @@ class PackedSequences(Callback):
             raise ValueError(f"bucket_size: expected at least the batch size ({batch_size}), got {self.bucket_size}")
         sampler = LengthBucketBatchSampler(
             loader.sampler, batch_size, loader.drop_last,
-            lengths=dataset_lengths(loader.dataset, self.inputs_key),
+            lengths=dataset_lengths(loader.dataset, self.inputs_key, self.lengths_key),
             bucket_size=self.bucket_size,
             shuffle=self.shuffle,
         )
@@ -106,10 +129,11 @@ class PackedSequences(Callback):
         # Lightning asks this source for the train dataloader after the setup hooks.
         source = trainer.fit_loop._data_source
         if source.is_module():
-            owner = source.instance
-            original = getattr(owner, source.name)
-            setattr(owner, source.name, lambda: self.bucketed(original()))
-            self._restore = lambda: delattr(owner, source.name)
+            owner, name = source.instance, source.name
+            original = getattr(owner, name)
+            own = vars(owner).get(name)  # an instance attribute (LightningDataModule.from_datasets sets one)
+            setattr(owner, name, lambda: self.bucketed(original()))
+            self._restore = (lambda: setattr(owner, name, own)) if own is not None else (lambda: delattr(owner, name))
         else:
             loader = source.instance
             # As Lightning does around the hooks: record the init arguments, so that under DDP it can
@@ -122,6 +146,9 @@ class PackedSequences(Callback):
         if stage == "fit" and self._restore is not None:
             self._restore()
             self._restore = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning skips teardown when a run raises
 
     # ----- batches ------------------------------------------------------------------
     def pack(self, trainer: Trainer, batch: dict) -> tuple[int, int]:
@@ -144,20 +171,15 @@ class PackedSequences(Callback):
         return real, padded
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        if self._last_time is None:
-            self._last_time = time.perf_counter()
         self._tokens = self.pack(trainer, batch)
+        self._step_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        now = time.perf_counter()
+        seconds = time.perf_counter() - self._step_start
         real, padded = self._tokens
         B = len(batch[self.lengths_key])
         pl_module.log("packed/padding_efficiency", real / max(padded, 1), batch_size=B)
-        pl_module.log("packed/tokens_per_sec", real / max(now - self._last_time, 1e-9), batch_size=B)
-        self._last_time = now
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._last_time = None
+        pl_module.log("packed/tokens_per_sec", real / max(seconds, 1e-9), batch_size=B)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.pack(trainer, batch)

@@ -199,8 +199,13 @@ class RNNModule(LightningModule):
         """Input layer and rnn: ``inputs`` (B, T, ...) -> (outputs (B, T, D*H), state).
 
         With ``lengths`` the embedded inputs are packed, and the outputs stay packed.
+        Already packed ``inputs`` go through the input layer row by row (its ``data``), so
+        it must act on each step alone (an embedding, a linear map), as it does here.
         """
-        x = self.input_layer(inputs)
+        if isinstance(inputs, PackedSequence):  # packed by a callback: the input layer maps the rows
+            x = inputs._replace(data=self.input_layer(inputs.data))
+        else:
+            x = self.input_layer(inputs)
         if lengths is not None and not isinstance(x, PackedSequence):
             lengths = check_lengths(lengths, x)
             x = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)

@@ -94,7 +94,7 @@ class TinyClassifier(LightningModule):
             "lengths": batch["lengths"].clone(),
             "autocast": torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"),
             "logits_dtype": logits.dtype,
-            "chunk_size": self.rnn.checkpoint_chunk_size,
+            "chunk_size": getattr(self.rnn, "checkpoint_chunk_size", None),  # None for torch.nn's layers
         })
         self.log("train/loss", loss.detach(), batch_size=len(batch["lengths"]))
         return loss
@@ -105,9 +105,10 @@ class TinyClassifier(LightningModule):
 
 def make_trainer(callbacks=(), max_steps: int = 4, **kwargs) -> tuple[Trainer, MemoryLogger]:
     logger = MemoryLogger()
-    trainer = Trainer(
+    settings = dict(
         accelerator="cpu", devices=1, max_steps=max_steps, callbacks=list(callbacks), logger=logger,
         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, **kwargs,
+        num_sanity_val_steps=0, limit_val_batches=0,
     )
+    trainer = Trainer(**{**settings, **kwargs})
     return trainer, logger
