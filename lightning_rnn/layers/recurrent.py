@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..kernels import dispatch
 from ..kernels.precision import Precision
@@ -369,11 +370,16 @@ class FusedRNNBase(nn.Module):
         return self._weight_shapes_cache
 
     def _check_input_matches_weights(self, x: torch.Tensor) -> None:
-        w = self.weight_ih_l0
+        """Input and weights on one device, in one dtype (but under autocast): a ValueError,
+        as torch.nn raises for a dtype mismatch."""
+        if parametrize.is_parametrized(self, "weight_ih_l0"):  # its stored tensor: evaluating costs a call
+            w = self.parametrizations.weight_ih_l0.original
+        else:
+            w = self.weight_ih_l0
         if x.device != w.device:
             raise ValueError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(
+            raise ValueError(
                 f"input: dtype {x.dtype} does not match the layer's weights ({w.dtype}); "
                 f"convert the input or the layer (e.g. layer.to({x.dtype}))"
             )
