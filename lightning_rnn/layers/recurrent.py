@@ -418,8 +418,10 @@ class FusedRNNBase(nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
-        defaults = dict(num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False, proj_size=0)
-        s += "".join(f", {k}={v}" for k, v in self._config().items() if k in defaults and v != defaults[k])
+        # torch.nn's order: proj_size first
+        defaults = dict(proj_size=0, num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False)
+        config = self._config()
+        s += "".join(f", {k}={config[k]}" for k, v in defaults.items() if config[k] != v)
         s += f", backend={self.backend!r}" if self.backend != "auto" else ""
         if self.checkpoint_chunk_size is not None:
             s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"
