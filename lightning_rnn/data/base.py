@@ -1,6 +1,8 @@
 """Shared pieces of the data modules: dict datasets and the split/loader plumbing."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
@@ -34,7 +36,7 @@ def check_positive_int(name: str, value) -> int:
 def split_sizes(total: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
     """Sizes of contiguous train/val/test parts of ``total`` items."""
     for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0 < value < 0.5:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 0.5:
             raise ValueError(f"{name}: expected a float in (0, 0.5), got {value!r}")
     n_val, n_test = int(total * val_fraction), int(total * test_fraction)
     return total - n_val - n_test, n_val, n_test

@@ -56,20 +56,22 @@ class CharCorpusDataModule(RNNDataModule):
             tiny_shakespeare_path(self.cache_dir)  # download once, on one process
 
     def read_text(self) -> str:
-        if self.path is not None:
-            return Path(self.path).read_text(encoding="utf-8")
-        return load_corpus(self.corpus, self.cache_dir)
+        if self.path is None:
+            return load_corpus(self.corpus, self.cache_dir)
+        try:
+            text = Path(self.path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"path: {self.path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+        if not text:
+            raise ValueError(f"path: {self.path} is empty")
+        return text
 
     def build_datasets(self) -> dict:
         text = self.read_text()
         self.vocab = CharVocab.from_text(text)
         ids = self.vocab.encode(text)
         n_train, n_val, _ = split_sizes(len(ids), *self.fractions)
-        return {
-            "train": ids[:n_train],
-            "val": ids[n_train : n_train + n_val],
-            "test": ids[n_train + n_val :],
-        }
+        return {"train": ids[:n_train], "val": ids[n_train : n_train + n_val], "test": ids[n_train + n_val :]}
 
     def model_kwargs(self) -> dict:
         return {"vocab": self.vocab.chars}
@@ -77,5 +79,13 @@ class CharCorpusDataModule(RNNDataModule):
     def _dataloader(self, split: str) -> DataLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        streams = ContiguousStreams(self.datasets[split], self.batch_size, self.seq_len, rank, world)
+        tokens, needed = self.datasets[split], self.batch_size * world * self.seq_len + 1
+        if len(tokens) < needed:
+            fix = "raise val_fraction/test_fraction" if split != "train" else "use a longer text"
+            raise ValueError(
+                f"seq_len: the {split} split has {len(tokens)} characters, too few for one batch of "
+                f"batch_size={self.batch_size}{f' x {world} processes' if world > 1 else ''} streams of "
+                f"seq_len={self.seq_len} (at least {needed}); lower batch_size or seq_len, or {fix}"
+            )
+        streams = ContiguousStreams(tokens, self.batch_size, self.seq_len, rank, world)
         return DataLoader(streams, batch_size=None)  # in-memory slices: no workers needed

@@ -43,9 +43,11 @@ def synthetic_series(num_steps: int, generator: torch.Generator) -> torch.Tensor
 
 
 def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
-    """The numeric ``columns`` (default: all) of a CSV file with a header, as (time, F)."""
+    """The numeric ``columns`` (a name or a list; default: all) of a CSV file with a header, as (time, F)."""
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
+        if isinstance(columns, str):  # data.columns=temp: one column, not its letters
+            columns = [columns]
         names = list(columns) if columns is not None else list(reader.fieldnames or [])
         missing = sorted(set(names) - set(reader.fieldnames or []))
         if missing or not names:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 
 class ContiguousStreams(IterableDataset):
@@ -26,7 +26,7 @@ class ContiguousStreams(IterableDataset):
         if tokens.dim() != 1:
             raise ValueError(f"tokens: expected a 1-D tensor of ids, got shape {tuple(tokens.shape)}")
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank!r}")
@@ -46,6 +46,10 @@ class ContiguousStreams(IterableDataset):
         return self.num_batches
 
     def __iter__(self):
-        for i in range(self.num_batches):
+        # DataLoader workers: worker k yields batches k, k + W, ...; the loader takes one from
+        # each worker in turn, so the batches still arrive in order (each exactly once).
+        info = get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(first, self.num_batches, step):
             window = slice(i * self.seq_len, (i + 1) * self.seq_len)
             yield {"inputs": self.inputs[:, window], "targets": self.targets[:, window]}

@@ -41,13 +41,33 @@ def check_checkpoint_file(cfg: DictConfig, required: bool) -> dict | None:
         raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
                          f"(got {cfg.ckpt_path!r})")
     try:
-        return torch.load(cfg.ckpt_path, map_location="cpu", mmap=True)
+        checkpoint = torch.load(cfg.ckpt_path, map_location="cpu", mmap=True)
     except pickle.UnpicklingError as err:
         raise ValueError(
             f"ckpt_path: {cfg.ckpt_path} holds pickled Python objects, which torch's weights_only loader "
             "refuses (a checkpoint of an earlier lightning_rnn, or a factory with no plain description). "
             "If you trust it, load it in Python: Model.load_from_checkpoint(path, weights_only=False)"
         ) from err
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise ValueError(f"ckpt_path: {cfg.ckpt_path} is not a readable torch checkpoint ({err})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"ckpt_path: {cfg.ckpt_path} is not a Lightning checkpoint (no 'state_dict'); "
+                         "save one with Trainer.save_checkpoint or a ModelCheckpoint callback")
+    return checkpoint
+
+
+def check_checkpoint_fits(checkpoint: dict, model: LightningModule) -> None:
+    """A ValueError naming ``ckpt_path`` when the checkpoint's weights have other shapes than
+    ``model``'s (it was trained with other model or data settings), before Lightning's
+    size-mismatch traceback."""
+    saved, current = checkpoint["state_dict"], model.state_dict()
+    differ = [f"{k} (checkpoint {tuple(v.shape)}, now {tuple(current[k].shape)})"
+              for k, v in saved.items() if k in current and tuple(v.shape) != tuple(current[k].shape)]
+    missing = sorted(set(current) - set(saved))
+    if differ or missing:
+        found = "; ".join(differ[:3] + [f"missing {', '.join(missing[:3])}"] * bool(missing))
+        raise ValueError(f"ckpt_path: the checkpoint does not fit this model: {found}; pass the model and data "
+                         "settings it was trained with")
 
 
 def load_model(cfg: DictConfig) -> LightningModule:

@@ -6,7 +6,7 @@ import logging
 from lightning.pytorch import seed_everything
 from omegaconf import DictConfig
 
-from .builders import build_datamodule, build_model, build_trainer, check_checkpoint_file
+from .builders import build_datamodule, build_model, build_trainer, check_checkpoint_file, check_checkpoint_fits
 
 log = logging.getLogger(__name__)
 
@@ -17,10 +17,14 @@ def run(cfg: DictConfig) -> float | None:
     Returns:
         the final value of ``cfg.optimized_metric`` (None if it was never logged).
     """
-    check_checkpoint_file(cfg, required=False)
+    checkpoint = check_checkpoint_file(cfg, required=False)
     seed_everything(cfg.seed, workers=True)
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
+    if checkpoint is not None:  # resuming: the same model and data settings
+        check_checkpoint_fits(checkpoint, model)
+    if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
+        datamodule.test_dataloader()
     trainer = build_trainer(cfg)
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:

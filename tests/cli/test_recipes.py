@@ -136,6 +136,45 @@ def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path):
     assert is_setting_error(caught.value)
 
 
+@pytest.mark.parametrize("content, message", [
+    (b"not a checkpoint at all", "is not a readable torch checkpoint"),
+    (None, r"is not a Lightning checkpoint \(no 'state_dict'\)"),
+])
+def test_unreadable_checkpoints_are_named(tmp_path, content, message):
+    from lightning_rnn.tasks.builders import check_checkpoint_file
+
+    ckpt = tmp_path / "bad.ckpt"
+    if content is None:
+        torch.save({"weight": torch.zeros(2)}, ckpt)  # a plain state dict
+    else:
+        ckpt.write_bytes(content)
+    with pytest.raises(ValueError, match=f"ckpt_path: .*{message}") as caught:
+        check_checkpoint_file(OmegaConf.create({"ckpt_path": str(ckpt)}), required=True)
+    assert is_setting_error(caught.value)
+
+
+def test_resuming_with_other_model_settings_is_named_before_lightning_loads(tmp_path):
+    from lightning_rnn.tasks.builders import check_checkpoint_fits
+
+    small, large = torch.nn.Linear(2, 3), torch.nn.Linear(2, 4)
+    with pytest.raises(ValueError, match=r"ckpt_path: the checkpoint does not fit this model: weight \(checkpoint "
+                                         r"\(3, 2\), now \(4, 2\)\)"):
+        check_checkpoint_fits({"state_dict": small.state_dict()}, large)
+    check_checkpoint_fits({"state_dict": large.state_dict()}, large)
+
+
+def test_a_test_split_too_small_for_a_batch_ends_the_run_before_training(tmp_path, small_text, monkeypatch):
+    """test_after_training with a test split shorter than one batch: named at the start (it
+    was found after training, with a message naming neither the split nor a setting)."""
+    monkeypatch.setattr(train, "build_trainer", lambda cfg: pytest.fail("a Trainer was built"))
+    cfg = compose_config(tmp_path, ["data=char_file", f"data.path={small_text}", "data.batch_size=20",
+                                    "data.seq_len=100", "data.test_fraction=0.05", "test_after_training=true",
+                                    "model.rnn.backend=reference", "logger=none"])
+    with pytest.raises(ValueError, match="seq_len: the test split has 1074 characters, too few") as caught:
+        train.run(cfg)
+    assert is_setting_error(caught.value)
+
+
 def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -39,6 +39,7 @@ def test_streams_of_two_ranks_make_the_one_process_batch():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"batch_size": 0}, "batch_size"), ({"seq_len": 4000}, "tokens: .* too few"), ({"rank": 2}, "rank"),
+    ({"batch_size": True}, "batch_size: expected an int >= 1, got True"),
 ])
 def test_streams_reject_bad_arguments(kwargs, message):
     args = {"tokens": torch.arange(3000), "batch_size": 2, "seq_len": 5, **kwargs}
@@ -93,7 +94,40 @@ def test_char_datamodule_splits_a_file_in_order(tmp_path):
     ({"path": "/no/such/file.txt"}, "path: no such file"),
     ({"corpus": "war_and_peace"}, "corpus: expected one of"),
     ({"val_fraction": 0.7}, "val_fraction"),
+    ({"val_fraction": "abc"}, "val_fraction: expected a float in \\(0, 0.5\\), got 'abc'"),
 ])
 def test_char_datamodule_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CharCorpusDataModule(**kwargs)
+
+
+def test_streams_keep_their_order_with_dataloader_workers():
+    """Each worker yields every W-th batch; the loader takes them in turn: the same batches
+    in the same order as without workers (each worker yielded all of them, twice as many)."""
+    streams = ContiguousStreams(torch.arange(1001), 5, 10)
+    plain = list(torch.utils.data.DataLoader(streams, batch_size=None))
+    workers = list(torch.utils.data.DataLoader(streams, batch_size=None, num_workers=2))
+    assert len(workers) == len(plain) == 20
+    assert all(torch.equal(a["inputs"], b["inputs"]) for a, b in zip(workers, plain))
+
+
+def test_a_split_too_short_for_one_batch_is_named(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("abcdefghij" * 1000)
+    dm = CharCorpusDataModule(path=str(path), batch_size=4, seq_len=100, val_fraction=0.1, test_fraction=0.03)
+    dm.setup()
+    dm.train_dataloader()
+    with pytest.raises(ValueError, match=r"seq_len: the test split has 300 characters, too few for one batch of "
+                                         r"batch_size=4 streams of seq_len=100 \(at least 401\)"):
+        dm.test_dataloader()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "path: .* is empty"),
+    ("caf\u00e9 ".encode("latin-1") * 50, "path: .* is not UTF-8 text"),
+])
+def test_unreadable_corpus_files_are_named(tmp_path, content, message):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        CharCorpusDataModule(path=str(path), batch_size=1, seq_len=2).setup()

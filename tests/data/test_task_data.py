@@ -115,3 +115,13 @@ def test_forecasting_split_too_short_names_the_split():
     dm = ForecastingDataModule(num_steps=1000, input_len=96, horizon=24, val_fraction=0.05, test_fraction=0.1)
     with pytest.raises(ValueError, match=r"series: the val split has 50 of 1000 steps, too few .* val_fraction"):
         dm.setup()
+
+
+def test_forecasting_columns_may_be_one_name(tmp_path):
+    """data.columns=temp (a string) is one column, not the letters t, e, m, p."""
+    from lightning_rnn.data.forecasting import read_series
+
+    path = tmp_path / "series.csv"
+    path.write_text("temp,wind\n1.5,2\n2.5,3\n")
+    assert read_series(path, "temp").tolist() == [[1.5], [2.5]]
+    assert read_series(path, ["wind", "temp"]).tolist() == [[2.0, 1.5], [3.0, 2.5]]
