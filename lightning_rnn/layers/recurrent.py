@@ -421,7 +421,7 @@ class FusedRNNBase(nn.Module):
         # torch.nn's order: proj_size first
         defaults = dict(proj_size=0, num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False)
         config = self._config()
-        s += "".join(f", {k}={config[k]}" for k, v in defaults.items() if config[k] != v)
+        s += "".join(f", {k}={config[k]}" for k, v in defaults.items() if config.get(k, v) != v)  # GRU: no proj
         s += f", backend={self.backend!r}" if self.backend != "auto" else ""
         if self.checkpoint_chunk_size is not None:
             s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"

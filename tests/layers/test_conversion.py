@@ -53,6 +53,8 @@ def test_repr_and_init_range():
     assert projected.weight_hr_l0.shape == (4, 16) and projected.weight_hr_l0.abs().max() <= bound  # as torch.nn
     theirs = torch.nn.LSTM(3, 8, proj_size=2, num_layers=2, dropout=0.1, bidirectional=True, batch_first=True)
     assert repr(FusedLSTM.from_torch(theirs)) == "Fused" + repr(theirs)  # torch.nn's order, proj_size first
+    gru = torch.nn.GRU(3, 8, num_layers=2, bidirectional=True)
+    assert repr(FusedGRU.from_torch(gru)) == "Fused" + repr(gru)
 
 
 @pytest.mark.parametrize("fused_class, torch_class", PAIRS)
