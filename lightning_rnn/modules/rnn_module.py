@@ -324,6 +324,8 @@ class RNNModule(LightningModule):
         """No callbacks; checks the Trainer's flags first (the earliest hook Lightning calls,
         before it refuses those it cannot apply to manual optimization, with advice to
         switch to automatic optimization, which this module cannot do)."""
+        if self.trainer.state.fn != "fit":  # validate/test/predict: the flags are unused
+            return []
         clip, accumulate = self.trainer.gradient_clip_val, self.trainer.accumulate_grad_batches
         refused = {"gradient_clip_val": ("grad_clip", clip, clip is not None and clip > 0),
                    "accumulate_grad_batches": ("accumulate_grad_batches", accumulate, accumulate != 1)}
@@ -387,8 +389,9 @@ class RNNModule(LightningModule):
         Checkpoints hold the ``rnn``, ``optimizer`` and ``scheduler`` factories as plain
         data (see :mod:`~lightning_rnn.modules.factories`), so they load with torch's
         ``weights_only`` loader. A factory with no such description (a lambda, a closure)
-        is pickled as it is; such a checkpoint, like those of lightning_rnn 0.1, needs
-        ``weights_only=False``, as any pickle: load only checkpoints you trust.
+        is pickled as it is; such a checkpoint, like those written before factories were
+        described, needs ``weights_only=False``, as any pickle: load only checkpoints you
+        trust.
         Arguments in ``kwargs`` override those in the checkpoint, as in Lightning.
         """
         saved = _read_checkpoint(checkpoint_path, weights_only)

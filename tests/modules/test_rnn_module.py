@@ -230,3 +230,10 @@ def test_trainer_flags_of_automatic_optimization_name_the_module_argument(flag, 
     with pytest.raises(ValueError, match=rf"Trainer\({flag}={value}\): CharLanguageModel optimizes manually.*"
                                          rf"pass {argument} to the module"):
         trainer.fit(char_lm(), batches_loader(token_batches(1)))
+
+
+def test_trainer_flags_of_fit_do_not_stop_validation():
+    """Clipping is a fit setting: Trainer.validate with it set runs as Lightning would."""
+    trainer = tiny_trainer(gradient_clip_val=1.0)
+    (metrics,) = trainer.validate(char_lm(), batches_loader(token_batches(1)), verbose=False)
+    assert "val/loss" in metrics
