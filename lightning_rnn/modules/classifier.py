@@ -8,7 +8,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from .pooling import final_hidden, mean_over_steps
-from .rnn_module import RNNModule, check_float_steps, reject_tbptt
+from .rnn_module import RNNModule, reject_tbptt
 
 POOLINGS = ("last", "mean")
 
@@ -39,8 +39,7 @@ class SequenceClassifier(RNNModule):
 
     def encode(self, inputs, state=None, lengths=None):
         """-> (pooled features (B, D*H), state)."""
-        if isinstance(self.input_layer, nn.Identity):  # a subclass may embed token ids first
-            check_float_steps(inputs, self.hparams.input_size)
+        self.check_float_steps(inputs)
         outputs, state = super().encode(inputs, state, lengths)
         return self.pool(outputs, state, lengths), state
 

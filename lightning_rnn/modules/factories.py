@@ -47,7 +47,7 @@ def describe(value: Any) -> Any:
     """
     if isinstance(value, (DictConfig, ListConfig)):
         value = OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, bool) or isinstance(value, _PLAIN):
+    if isinstance(value, _PLAIN):
         return value
     if isinstance(value, numbers.Number) and not isinstance(value, complex):  # numpy scalars
         return value.item() if hasattr(value, "item") else float(value)

@@ -7,7 +7,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from .pooling import final_hidden
-from .rnn_module import RNNModule, check_float_steps, reject_tbptt
+from .rnn_module import RNNModule, reject_tbptt
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss}
 
@@ -39,8 +39,7 @@ class SequenceRegressor(RNNModule):
 
     def encode(self, inputs, state=None, lengths=None):
         """-> (final hidden state (B, D*H), state)."""
-        if isinstance(self.input_layer, nn.Identity):  # a subclass may embed token ids first
-            check_float_steps(inputs, self.hparams.input_size)
+        self.check_float_steps(inputs)
         _, state = super().encode(inputs, state, lengths)
         return final_hidden(state, self.num_directions), state
 

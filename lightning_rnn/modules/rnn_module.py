@@ -71,16 +71,6 @@ def check_lengths(lengths, padded: torch.Tensor) -> torch.Tensor:
     return lengths.long()
 
 
-def check_float_steps(inputs, input_size: int) -> None:
-    """A ValueError naming ``inputs`` unless they are (B, T, input_size) floats or packed."""
-    if isinstance(inputs, PackedSequence):
-        return
-    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 3 or not inputs.is_floating_point():
-        described = f"{inputs.dtype} of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) \
-            else type(inputs).__name__
-        raise ValueError(f"inputs: expected floats of shape (B, T, {input_size}) or a PackedSequence, got {described}")
-
-
 def reject_tbptt(tbptt_steps, reason: str) -> None:
     """A ValueError for a module whose targets are not per step (``reason`` says why)."""
     if tbptt_steps is not None:
@@ -210,6 +200,18 @@ class RNNModule(LightningModule):
             lengths = check_lengths(lengths, x)
             x = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         return self.rnn(x, state)
+
+    def check_float_steps(self, inputs) -> None:
+        """For modules whose inputs are feature vectors per step: a ValueError naming
+        ``inputs`` unless they are (B, T, input_size) floats or packed. Skipped where a
+        subclass replaced the identity input layer (e.g. to embed token ids)."""
+        if not isinstance(self.input_layer, nn.Identity) or isinstance(inputs, PackedSequence):
+            return
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 3 or not inputs.is_floating_point():
+            described = f"{inputs.dtype} of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) \
+                else type(inputs).__name__
+            raise ValueError(f"inputs: expected floats of shape (B, T, {self.hparams.input_size}) or a "
+                             f"PackedSequence, got {described}")
 
     def head(self, features):
         """Predictions from the encoder's features (the subclass's output layer)."""

@@ -22,7 +22,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # <= 0; -inf where it underflows
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(int(top_k), dim=-1).values[:, -1:]  # (B, 1)
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
