@@ -27,7 +27,7 @@ from torch.nn.utils import parametrize
 from ..kernels import dispatch
 from ..kernels.precision import Precision
 from . import checkpointing
-from .sequence import SequenceBatch
+from .sequence import InputMismatchError, SequenceBatch
 
 
 @dataclass(frozen=True)
@@ -371,13 +371,14 @@ class FusedRNNBase(nn.Module):
 
     def _check_input_matches_weights(self, x: torch.Tensor) -> None:
         """Input and weights on one device, in one dtype (but under autocast): a ValueError,
-        as torch.nn raises for a dtype mismatch."""
+        as torch.nn raises for a dtype mismatch (a device mismatch is also a RuntimeError,
+        as there)."""
         if parametrize.is_parametrized(self, "weight_ih_l0"):  # its stored tensor: evaluating costs a call
             w = self.parametrizations.weight_ih_l0.original
         else:
             w = self.weight_ih_l0
         if x.device != w.device:
-            raise ValueError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
+            raise InputMismatchError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise ValueError(
                 f"input: dtype {x.dtype} does not match the layer's weights ({w.dtype}); "
@@ -408,9 +409,9 @@ class FusedRNNBase(nn.Module):
             if not isinstance(s, torch.Tensor):
                 raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
             if tuple(s.shape) != expected:
-                raise ValueError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
+                raise InputMismatchError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
             if s.device != x.device:
-                raise ValueError(f"hx: expected {label} on {x.device}, got {s.device}")
+                raise InputMismatchError(f"hx: expected {label} on {x.device}, got {s.device}")
             if s.dtype != x.dtype and not torch.is_autocast_enabled(s.device.type):
                 raise TypeError(f"hx: expected {label} of dtype {x.dtype} like the input, got {s.dtype}")
             states.append(s.unsqueeze(1) if batch.unbatched else s)

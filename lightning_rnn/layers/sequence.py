@@ -15,6 +15,15 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 
+class InputMismatchError(ValueError, RuntimeError):
+    """An input or initial state whose shape or device does not fit the layer.
+
+    A ValueError naming the argument, like every other bad input here, and also the
+    RuntimeError torch.nn.LSTM/GRU raise in these cases, so code written against torch.nn
+    (``except RuntimeError``) catches it too.
+    """
+
+
 @dataclass
 class SequenceBatch:
     source: torch.Tensor  # packed: the (N, I) rows; full batches: the (T, B, I) time-major tensor
@@ -94,4 +103,4 @@ def _check_features(x: torch.Tensor, input_size: int, name: str) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
     if x.shape[-1] != input_size:
-        raise ValueError(f"{name}: expected last dimension input_size={input_size}, got {x.shape[-1]} (shape {tuple(x.shape)})")
+        raise InputMismatchError(f"{name}: expected last dimension input_size={input_size}, got {x.shape[-1]} (shape {tuple(x.shape)})")

@@ -4,6 +4,7 @@ import torch
 
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.kernels.dispatch import available_backends
+from lightning_rnn.layers import InputMismatchError
 
 
 @pytest.mark.parametrize(
@@ -105,6 +106,34 @@ def test_bad_lstm_states():
         layer(x, (torch.zeros(2, 2, 4, dtype=torch.float64), torch.zeros(2, 2, 4)))
     with pytest.raises(ValueError, match=r"hx: expected h_0 of shape \(2, 4\)"):
         layer(torch.randn(5, 3), (torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda layer, nn_layer: layer(torch.randn(5, 2, 7)),  # input_size
+        lambda layer, nn_layer: layer(torch.randn(5, 2, 3), _states(nn_layer, 2, 2)),  # h_0 layers
+        lambda layer, nn_layer: layer(torch.randn(5, 2, 3), _states(nn_layer, 1, 3)),  # h_0 batch
+        lambda layer, nn_layer: layer(torch.randn(5, 3), _states(nn_layer, 1, 2)),  # unbatched, batched hx
+        lambda layer, nn_layer: layer(torch.randn(5, 2, 3), _states(nn_layer, 1, 2, device="meta")),
+    ],
+)
+@pytest.mark.parametrize("pair", [(FusedLSTM, torch.nn.LSTM), (FusedGRU, torch.nn.GRU)])
+def test_shape_and_device_mismatches_are_also_torch_nn_runtime_errors(pair, call):
+    """Where torch.nn raises RuntimeError (input size, hx shape or device), ours raises an
+    InputMismatchError: a ValueError naming the argument that `except RuntimeError` catches too."""
+    layer, nn_layer = pair[0](3, 4), pair[1](3, 4)
+    for module in (layer, nn_layer):
+        with pytest.raises(RuntimeError):
+            call(module, nn_layer)
+    with pytest.raises(InputMismatchError, match=r"^(input|hx): expected") as caught:
+        call(layer, nn_layer)
+    assert isinstance(caught.value, ValueError)
+
+
+def _states(nn_layer, layers: int, batch: int, device: str = "cpu"):
+    h = torch.zeros(layers, batch, 4, device=device)
+    return (h, torch.zeros(layers, batch, 4)) if isinstance(nn_layer, torch.nn.LSTM) else h
 
 
 def test_gru_given_lstm_state():
