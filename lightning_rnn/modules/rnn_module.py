@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torchmetrics import MeanMetric, MetricCollection
@@ -110,7 +111,8 @@ class RNNModule(LightningModule):
         input_size: features per step that reach the rnn (after the input layer).
         optimizer: factory ``optimizer(params)``, e.g. ``functools.partial(torch.optim.Adam, lr=2e-3)``.
         scheduler: optional factory ``scheduler(optimizer)``.
-        scheduler_interval: ``"step"`` (every optimizer step) or ``"epoch"``.
+        scheduler_interval: ``"step"`` (every optimizer step) or ``"epoch"``. A
+            ``ReduceLROnPlateau`` steps after each validation in fit instead, with ``val/loss``.
         tbptt_steps: truncated BPTT: cut each batch into chunks of this many steps, carry
             the detached state from chunk to chunk and take one optimizer step per chunk.
         stateful: carry the (detached) state from one batch to the next, reset at the
@@ -416,10 +418,11 @@ class RNNModule(LightningModule):
                 "on the command line T_max follows trainer.max_steps: set trainer.max_steps, or "
                 "model.scheduler.T_max for a run bounded by epochs"
             )
-        config = {"scheduler": scheduler, "interval": self.hparams.scheduler_interval}
-        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            config["monitor"] = "val/loss"
-        return {"optimizer": optimizer, "lr_scheduler": config}
+        # ReduceLROnPlateau steps after each validation (see _step_schedulers), whatever
+        # scheduler_interval says: a call per step would feed it a stale val/loss. Its
+        # "epoch" here is for LearningRateMonitor, which logs its rate at each epoch start.
+        interval = "epoch" if _on_plateau(scheduler) else self.hparams.scheduler_interval
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def _max_steps_reached(self) -> bool:
         """Whether the Trainer's ``max_steps`` optimizer steps have been taken.
@@ -433,23 +436,32 @@ class RNNModule(LightningModule):
         return max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps
 
     def _optimizer_step(self) -> None:
-        """Clip, step, zero the gradients and step a per-step scheduler."""
+        """Step (clipping in :meth:`on_before_optimizer_step`), zero the gradients and step
+        a per-step scheduler."""
         optimizer = self.optimizers()
-        self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip,
-                            gradient_clip_algorithm=self.hparams.grad_clip_algorithm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         self._backwards_since_step = 0
         self._step_schedulers("step")
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clips the gradients (``grad_clip``). Lightning calls this inside the optimizer
+        step, after a loss scaler (fp16) has unscaled the gradients, so the limit applies
+        to the true gradients; clipping before ``optimizer.step()`` would clip the scaled
+        ones (65536x too hard at the default scale). A subclass that overrides this hook
+        calls ``super().on_before_optimizer_step(optimizer)``."""
+        self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip,
+                            gradient_clip_algorithm=self.hparams.grad_clip_algorithm)
+
     def _step_schedulers(self, interval: str) -> None:
+        """Step the schedulers of ``interval``: "step", "epoch", or "validation" (the end of
+        a validation run in fit, for ReduceLROnPlateau, stepped with ``val/loss``)."""
         for config in self.trainer.lr_scheduler_configs:
-            if config.interval != interval:
-                continue
-            if config.monitor is None:
+            if _on_plateau(config.scheduler):
+                if interval == "validation":
+                    config.scheduler.step(float(self.trainer.callback_metrics[PLATEAU_METRIC]))
+            elif config.interval == interval:
                 config.scheduler.step()
-            elif config.monitor in self.trainer.callback_metrics:
-                config.scheduler.step(self.trainer.callback_metrics[config.monitor])
 
     # ----- epoch boundaries -------------------------------------------------------
     def _log_epoch(self, stage: str) -> None:
@@ -482,12 +494,31 @@ class RNNModule(LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
+        trainer = self.trainer
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and PLATEAU_METRIC in trainer.callback_metrics:
+            self._step_schedulers("validation")
+
+    def on_train_end(self) -> None:
+        plateaus = [c.scheduler for c in self.trainer.lr_scheduler_configs if _on_plateau(c.scheduler)]
+        if any(s.last_epoch == 0 for s in plateaus):
+            rank_zero_warn(
+                f"scheduler: ReduceLROnPlateau steps after each validation with {PLATEAU_METRIC}, and no "
+                "validation ran in this fit (give the Trainer validation data, or another scheduler)"
+            )
 
     def on_test_epoch_start(self) -> None:
         self._carried.pop("test", None)
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
+
+
+#: What a ReduceLROnPlateau scheduler is stepped with.
+PLATEAU_METRIC = "val/loss"
+
+
+def _on_plateau(scheduler) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 def _read_checkpoint(path, weights_only: bool | None) -> dict:

@@ -80,6 +80,20 @@ def test_train_then_test_then_sample_in_process(tmp_path, capsys):
     assert steps == ["step000004.ckpt"]  # steps 3-4 only: 1-2 came from the checkpoint
 
 
+def test_plateau_scheduler_trains_from_the_command_line(tmp_path):
+    """model/scheduler=plateau: stepped with val/loss after each validation (Lightning would drop its monitor)."""
+    cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
+                                    "data.seq_len=8", "model.val_sample_length=0", "model.rnn.backend=reference",
+                                    "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=2",
+                                    "trainer.limit_val_batches=1", "model/scheduler=plateau",
+                                    "model.scheduler.patience=0", "model.scheduler.threshold=10",
+                                    "model.scheduler.threshold_mode=abs"])
+    train.run(cfg)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    lr = cfg.model.optimizer.lr
+    assert checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(lr * 0.5)  # 2 validations
+
+
 def test_train_with_logger_none_keeps_the_default_callbacks(tmp_path):
     """The default callbacks include a LearningRateMonitor, which Lightning refuses without a logger."""
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",

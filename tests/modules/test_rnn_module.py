@@ -41,14 +41,25 @@ class RecordStates(nn.Module):
 
 
 class RecordGradients(pl.Callback):
-    def __init__(self):
-        self.embedding_grads, self.grad_norms, self.grad_max = [], [], []
+    """What each optimizer step sees: the embedding's gradient as the step starts, and the
+    update it applies (with SGD at lr=1, the gradient after the module's clipping)."""
 
-    def on_before_optimizer_step(self, trainer, module, optimizer):
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
+    def __init__(self):
+        self.embedding_grads, self.update_norms, self.update_max = [], [], []
+
+    def on_train_start(self, trainer, module):
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_pre_hook(lambda *_: self.before(module))
+            optimizer.register_step_post_hook(lambda *_: self.after(module))
+
+    def before(self, module):
         self.embedding_grads.append(module.input_layer.weight.grad.clone())
-        self.grad_norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
-        self.grad_max.append(max(g.abs().max().item() for g in grads))
+        self.params = [p.detach().clone() for p in module.parameters()]
+
+    def after(self, module):
+        updates = torch.cat([(p.detach() - q).flatten() for p, q in zip(module.parameters(), self.params)])
+        self.update_norms.append(updates.norm().item())
+        self.update_max.append(updates.abs().max().item())
 
 
 def test_tbptt_steps_once_per_chunk_and_stops_gradients_at_chunk_boundaries():
@@ -115,10 +126,30 @@ def test_accumulation_steps_every_n_chunks_and_flushes_at_epoch_end():
 @pytest.mark.parametrize("algorithm, limit", [("norm", 1e-3), ("value", 1e-4)])
 def test_gradients_are_clipped_before_each_step(algorithm, limit):
     grads = RecordGradients()
-    model = char_lm(grad_clip=limit, grad_clip_algorithm=algorithm, tbptt_steps=4)
+    model = char_lm(grad_clip=limit, grad_clip_algorithm=algorithm, tbptt_steps=4,
+                    optimizer=functools.partial(torch.optim.SGD, lr=1.0))
     tiny_trainer(max_epochs=1, callbacks=[grads]).fit(model, batches_loader(token_batches(2)))
-    observed = grads.grad_norms if algorithm == "norm" else grads.grad_max
-    assert len(observed) == 4 and max(observed) <= limit * 1.001
+    observed = grads.update_norms if algorithm == "norm" else grads.update_max
+    assert len(observed) == 4 and max(observed) <= limit * 1.001 and min(observed) >= limit * 0.5
+
+
+@pytest.mark.filterwarnings("ignore:.*fp16.*:UserWarning")
+def test_fp16_loss_scaling_clips_the_unscaled_gradients():
+    """With a loss scaler the limit applies to the true gradients, not the scaled ones (which
+    are 65536x larger: clipping those left updates of 1.5e-6 for a limit of 0.1)."""
+    from lightning_rnn.callbacks import MixedPrecision
+
+    updates = {}
+    for precision in ("fp32", "fp16"):
+        torch.manual_seed(0)
+        model = char_lm(grad_clip=0.1, optimizer=functools.partial(torch.optim.SGD, lr=1.0))
+        before = [p.detach().clone() for p in model.parameters()]
+        callbacks = [MixedPrecision(dtype="fp16")] if precision == "fp16" else []
+        torch.manual_seed(1)
+        tiny_trainer(max_epochs=1, callbacks=callbacks).fit(model, batches_loader(token_batches(1)))
+        updates[precision] = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert updates["fp32"].norm().item() == pytest.approx(0.1, rel=1e-4)  # the limit is active
+    assert updates["fp16"].norm().item() == pytest.approx(0.1, rel=1e-2)
 
 
 @pytest.mark.parametrize("interval, expected_lr", [("step", 1e-2 * 0.5**4), ("epoch", 1e-2 * 0.5**2)])
@@ -127,6 +158,27 @@ def test_schedulers_step_at_their_interval(interval, expected_lr):
     model = char_lm(tbptt_steps=4, scheduler=scheduler, scheduler_interval=interval)
     tiny_trainer(max_epochs=2).fit(model, batches_loader(token_batches(1)))  # 2 epochs x 2 chunks
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(expected_lr)
+
+
+def test_reduce_on_plateau_steps_after_each_validation_with_val_loss():
+    """Lightning drops a scheduler's `monitor` under manual optimization; the module steps a
+    ReduceLROnPlateau itself after each validation of fit (not the sanity check), with val/loss."""
+    scheduler = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5,
+                                  threshold=10.0, threshold_mode="abs")  # no validation counts as better
+    model = char_lm(scheduler=scheduler)
+    trainer = tiny_trainer(max_epochs=3, num_sanity_val_steps=1)
+    trainer.fit(model, batches_loader(token_batches(1)), batches_loader(token_batches(1)))
+    plateau = trainer.lr_scheduler_configs[0].scheduler
+    assert plateau.last_epoch == 3  # three validations in fit, the sanity check not counted
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5**2)  # the 2nd and 3rd validation
+
+
+def test_reduce_on_plateau_without_validation_warns():
+    scheduler = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0)
+    model = char_lm(scheduler=scheduler)
+    with pytest.warns(UserWarning, match="ReduceLROnPlateau steps after each validation with val/loss"):
+        tiny_trainer(max_epochs=1, limit_val_batches=0).fit(model, batches_loader(token_batches(1)))
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(1e-2)
 
 
 def test_cosine_schedule_without_a_step_count_is_an_error():
