@@ -4,7 +4,7 @@ from .char_corpus import CharCorpusDataModule
 from .classification import SequenceClassificationDataModule, pad_batch
 from .corpora import PYTHON_STDLIB_FILES, CorpusUnavailableError, python_stdlib_text, tiny_shakespeare_path
 from .forecasting import ForecastingDataModule
-from .streams import ContiguousStreams
+from .streams import ContiguousStreams, StreamLoader, trainer_batches_done
 from .synthetic import COPY_MEMORY_VOCAB, AddingProblemDataModule, CopyMemoryDataModule
 from .vocab import CharVocab
 
@@ -21,7 +21,9 @@ __all__ = [
     "ForecastingDataModule",
     "RNNDataModule",
     "SequenceClassificationDataModule",
+    "StreamLoader",
     "pad_batch",
     "python_stdlib_text",
     "tiny_shakespeare_path",
+    "trainer_batches_done",
 ]

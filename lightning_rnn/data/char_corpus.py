@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from .base import RNNDataModule, check_positive_int, split_sizes
 from .corpora import BUILTIN_CORPORA, load_corpus, tiny_shakespeare_path
-from .streams import ContiguousStreams
+from .streams import ContiguousStreams, StreamLoader, trainer_batches_done
 from .vocab import CharVocab
 
 
@@ -88,4 +88,6 @@ class CharCorpusDataModule(RNNDataModule):
                 f"seq_len={self.seq_len} (at least {needed}); lower batch_size or seq_len, or {fix}"
             )
         streams = ContiguousStreams(tokens, self.batch_size, self.seq_len, rank, world)
-        return DataLoader(streams, batch_size=None)  # in-memory slices: no workers needed
+        if split != "train":
+            return DataLoader(streams, batch_size=None)  # in-memory slices: no workers needed
+        return StreamLoader(streams, batches_done=lambda: trainer_batches_done(self.trainer))  # resumable

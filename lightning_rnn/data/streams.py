@@ -1,8 +1,10 @@
 """torch-rnn's batch layout: every batch row reads its own contiguous stream of text."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 
 class ContiguousStreams(IterableDataset):
@@ -13,8 +15,9 @@ class ContiguousStreams(IterableDataset):
     The token sequence is cut into ``batch_size * world_size`` equal streams; process
     ``rank`` owns streams ``rank * batch_size ... (rank + 1) * batch_size - 1``. With one
     process and batch ``B * W``, or ``W`` processes and batch ``B`` each, the global
-    batch is identical. Being an ``IterableDataset`` it yields whole batches
-    (use ``DataLoader(batch_size=None)``) and Lightning does not re-shard it.
+    batch is identical. Being an ``IterableDataset`` it yields whole batches (load it
+    with :class:`StreamLoader`, which Lightning can resume mid-epoch, or
+    ``DataLoader(batch_size=None)``) and Lightning does not re-shard it.
 
     Yields:
         dict with ``inputs`` and ``targets``: ``(batch_size, seq_len)`` int64, targets
@@ -41,15 +44,54 @@ class ContiguousStreams(IterableDataset):
         self.inputs = tokens[:used].view(num_streams, -1)[streams]  # (B, num_batches * seq_len)
         self.targets = tokens[1 : used + 1].view(num_streams, -1)[streams]
         self.seq_len = seq_len
+        self.first_batch = 0  # where the next pass starts (a resumed epoch); back to 0 after it
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __iter__(self):
-        # DataLoader workers: worker k yields batches k, k + W, ...; the loader takes one from
-        # each worker in turn, so the batches still arrive in order (each exactly once).
+        start, self.first_batch = self.first_batch, 0
+        # DataLoader workers: worker k yields batches start + k, start + k + W, ...; the loader
+        # takes one from each worker in turn, so the batches still arrive in order (each once).
         info = get_worker_info()
-        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
-        for i in range(first, self.num_batches, step):
+        offset, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start + offset, self.num_batches, step):
             window = slice(i * self.seq_len, (i + 1) * self.seq_len)
             yield {"inputs": self.inputs[:, window], "targets": self.targets[:, window]}
+
+
+class StreamLoader(DataLoader):
+    """The DataLoader of :class:`ContiguousStreams` (whole batches, ``batch_size=None``) that
+    a Lightning run resumes mid-epoch.
+
+    Lightning saves its :meth:`state_dict` in checkpoints: how many batches of the current
+    pass the training loop has consumed, as ``batches_done()`` tells (the Trainer's count,
+    see :func:`trainer_batches_done`; the loader itself runs ahead of it by the batches
+    Lightning prefetches). A run resumed from a mid-epoch checkpoint continues the epoch at
+    the next unseen batch, where a plain DataLoader would start the pass over and read its
+    first batches twice and its last ones not at all.
+    """
+
+    def __init__(self, streams: ContiguousStreams, batches_done: Callable[[], int] | None = None, **kwargs):
+        super().__init__(streams, batch_size=None, **kwargs)
+        self._batches_done = batches_done
+        self._resume_at = 0
+
+    def state_dict(self) -> dict:
+        return {"batches_done": self._batches_done() if self._batches_done is not None else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        done = int(state.get("batches_done", 0))
+        self._resume_at = done if 0 < done < len(self.dataset) else 0  # a finished pass: start the next
+
+    def __iter__(self):
+        self.dataset.first_batch, self._resume_at = self._resume_at, 0
+        iterator = super().__iter__()  # workers, if any, take their copy of the dataset here
+        if self.num_workers > 0:
+            self.dataset.first_batch = 0
+        return iterator
+
+
+def trainer_batches_done(trainer) -> int:
+    """Batches of the current training epoch ``trainer`` has run (0 without a Trainer)."""
+    return 0 if trainer is None else trainer.fit_loop.epoch_loop.batch_idx + 1

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lightning_rnn.data import CharCorpusDataModule, CharVocab, ContiguousStreams, corpora
+from lightning_rnn.data import CharCorpusDataModule, CharVocab, ContiguousStreams, StreamLoader, corpora
 
 
 def test_vocab_round_trip_and_unknown_characters():
@@ -131,3 +131,59 @@ def test_unreadable_corpus_files_are_named(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(ValueError, match=message):
         CharCorpusDataModule(path=str(path), batch_size=1, seq_len=2).setup()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stream_loader_resumes_a_pass_once_then_starts_from_the_first_batch(num_workers):
+    streams = ContiguousStreams(torch.arange(1001), 5, 10)  # 20 batches
+    loader = StreamLoader(streams, batches_done=lambda: 6, num_workers=num_workers)
+    assert loader.state_dict() == {"batches_done": 6}
+    firsts = [int(b["inputs"][0, 0]) for b in loader]
+    loader.load_state_dict(loader.state_dict())
+    resumed = [int(b["inputs"][0, 0]) for b in loader]
+    assert resumed == firsts[6:]
+    assert [int(b["inputs"][0, 0]) for b in loader] == firsts  # the next pass is whole
+    loader.load_state_dict({"batches_done": 20})  # saved at the end of a pass: the next one is whole
+    assert len(list(loader)) == 20
+
+
+def test_a_run_resumed_mid_epoch_reads_the_rest_of_that_epoch(tmp_path):
+    """Lightning saves the train loader's state in checkpoints: the resumed run sees the batches the
+    uninterrupted one saw after the checkpoint (a plain DataLoader restarts the pass)."""
+    import functools
+
+    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_rnn import FusedLSTM
+    from lightning_rnn.modules import CharLanguageModel
+
+    class Record(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.seen.append((trainer.current_epoch, batch_idx, batch["inputs"][:, 0].tolist()))
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog. " * 30)
+
+    def run(max_epochs, ckpt_path=None, callbacks=()):
+        torch.manual_seed(0)
+        data = CharCorpusDataModule(path=str(path), batch_size=3, seq_len=8, val_fraction=0.1, test_fraction=0.1)
+        data.setup()
+        model = CharLanguageModel(vocab=data.vocab.chars, embedding_dim=4, val_sample_length=0,
+                                  rnn=functools.partial(FusedLSTM, hidden_size=8), stateful=True,
+                                  optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        record = Record()
+        trainer = Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          limit_val_batches=0, callbacks=[record, *callbacks], default_root_dir=tmp_path)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return record.seen, trainer
+
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    whole, trainer = run(2, callbacks=[saver])
+    per_epoch = trainer.num_training_batches
+    assert per_epoch > 4 and len(whole) == 2 * per_epoch
+    resumed, _ = run(2, ckpt_path=tmp_path / "ckpt" / "step=4.ckpt")
+    assert resumed == whole[4:]  # batch 4 of epoch 0 onwards: the same indices and the same text
