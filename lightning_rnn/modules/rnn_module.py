@@ -1,11 +1,13 @@
 """RNNModule: the LightningModule every recurrent model here derives from."""
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
@@ -145,7 +147,7 @@ class RNNModule(LightningModule):
         rnn: Callable[..., nn.Module],
         input_size: int,
         optimizer: Callable[..., torch.optim.Optimizer],
-        scheduler: Callable[..., Any] | None = None,
+        scheduler: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler] | None = None,
         scheduler_interval: str = "step",
         tbptt_steps: int | None = None,
         stateful: bool = False,
@@ -286,7 +288,7 @@ class RNNModule(LightningModule):
         state = self._carried.get(stage) if self.hparams.stateful else None
         return state if state_batch_size(state) == len(batch["targets"]) else None
 
-    def training_step(self, batch: dict, batch_idx: int) -> None:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         state = self._initial_state("train", batch)
         weighted_loss, weight = 0.0, 0
         for chunk in self.split_batch(batch):
@@ -303,11 +305,15 @@ class RNNModule(LightningModule):
         if self._backwards_since_step and self.trainer.is_last_batch:  # leftover accumulation
             self._optimizer_step()
         self._carried["train"] = state
-        if weight:  # the batch's loss: its chunks' mean, weighted as the epoch mean weighs them
-            loss = weighted_loss / weight
-            self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["targets"]))
-            self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss).items()},
-                          batch_size=len(batch["targets"]))
+        if not weight:
+            return None
+        # the batch's loss: its chunks' mean, weighted as the epoch mean weighs them; returned
+        # (detached) for callbacks that read a step's output, such as Lightning's lr_find
+        loss = weighted_loss / weight
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["targets"]))
+        self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss).items()},
+                      batch_size=len(batch["targets"]))
+        return loss
 
     def _evaluation_step(self, batch: dict, stage: str) -> None:
         _, _, state = self.shared_step(batch, stage, self._initial_state(stage, batch))
@@ -340,6 +346,12 @@ class RNNModule(LightningModule):
                     f"stateful training), so Lightning cannot apply it; pass {argument}={value!r} to the "
                     f"module instead (Trainer({flag}) unset)"
                 )
+        if any(isinstance(c, GradientAccumulationScheduler) for c in self.trainer.callbacks):
+            raise ValueError(
+                f"GradientAccumulationScheduler: {type(self).__name__} optimizes manually (truncated BPTT, "
+                "stateful training), so Lightning cannot apply it; set the module's accumulate_grad_batches= "
+                "instead (one value for the run)"
+            )
         return []
 
     @property
@@ -369,8 +381,10 @@ class RNNModule(LightningModule):
         # Only the arguments the class itself takes: a value a subclass computes and passes
         # to its base (input_size from its own sizes, a fixed pooling, ...) is computed again
         # on loading, and passing it too would give "multiple values for argument".
+        # Keys starting with "_" are Lightning's own (LightningCLI's "_instantiator" and
+        # "_class_path", which load_from_checkpoint needs to rebuild class_path arguments).
         if self._constructor_arguments is not None:
-            hparams = {k: v for k, v in hparams.items() if k in self._constructor_arguments}
+            hparams = {k: v for k, v in hparams.items() if k in self._constructor_arguments or k.startswith("_")}
         # Factories as plain data, so that torch's weights_only loader (which Lightning's
         # fit/validate/test/predict(ckpt_path=...) use) reads the checkpoint.
         described = []
@@ -407,8 +421,33 @@ class RNNModule(LightningModule):
         )
 
     # ----- optimization -----------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The learning rate of the optimizer factory (a ``functools.partial`` with ``lr``).
+
+        Settable: Lightning's ``Tuner(trainer).lr_find(model)`` reads it and writes its
+        suggestion here, which the next ``configure_optimizers`` (and the checkpoint's
+        hyperparameters) then use.
+        """
+        factory = self.__dict__.get("_optimizer_factory")
+        if not isinstance(factory, functools.partial) or "lr" not in factory.keywords:
+            raise AttributeError(f"lr: the optimizer factory {factory!r} is not a functools.partial with an lr")
+        return factory.keywords["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        factory = self.__dict__.get("_optimizer_factory")
+        if not isinstance(factory, functools.partial):
+            raise AttributeError(f"lr: the optimizer factory {factory!r} is not a functools.partial")
+        self._optimizer_factory = functools.partial(factory.func, *factory.args, **{**factory.keywords, "lr": value})
+        if "optimizer" in self.hparams:
+            self.hparams["optimizer"] = self._optimizer_factory
+
     def configure_optimizers(self):
-        optimizer = self._optimizer_factory(self.parameters())
+        # Trainable parameters only: a finetuning callback (Lightning's BaseFinetuning) freezes
+        # some before this runs and adds them back as a param group of their own when it
+        # unfreezes them, with the learning rate it was given.
+        optimizer = self._optimizer_factory([p for p in self.parameters() if p.requires_grad])
         if self._scheduler_factory is None:
             return optimizer
         scheduler = self._scheduler_factory(optimizer)
