@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.utils.data import RandomSampler
 from torchmetrics import MeanMetric, MetricCollection
 
 from . import factories
@@ -521,6 +522,15 @@ class RNNModule(LightningModule):
         # them again changes nothing; it tells Lightning they are global.
         self.log_dict(values, prog_bar=stage == "val", sync_dist=True)
 
+    def on_train_start(self) -> None:
+        if self.hparams.stateful and _shuffles(self.trainer.train_dataloader):
+            rank_zero_warn(
+                "stateful=True carries each batch row's state into the same row of the next batch, "
+                "which needs rows that continue one another (ContiguousStreams); this train "
+                "dataloader shuffles, so the carried state comes from unrelated sequences "
+                "(set stateful=False)"
+            )
+
     def on_train_epoch_start(self) -> None:
         self._carried.pop("train", None)
 
@@ -554,6 +564,13 @@ class RNNModule(LightningModule):
 
 #: What a ReduceLROnPlateau scheduler is stepped with.
 PLATEAU_METRIC = "val/loss"
+
+
+def _shuffles(loader) -> bool:
+    """Whether a DataLoader draws its items in random order."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return isinstance(sampler, RandomSampler) or isinstance(getattr(batch_sampler, "sampler", None), RandomSampler)
 
 
 def _on_plateau(scheduler) -> bool:

@@ -1,6 +1,7 @@
 """RNNModule's training loop: truncated BPTT, carried state, accumulation, clipping, schedulers."""
 import functools
 import math
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -179,6 +180,16 @@ def test_reduce_on_plateau_without_validation_warns():
     with pytest.warns(UserWarning, match="ReduceLROnPlateau steps after each validation with val/loss"):
         tiny_trainer(max_epochs=1, limit_val_batches=0).fit(model, batches_loader(token_batches(1)))
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(1e-2)
+
+
+def test_stateful_training_on_a_shuffling_loader_warns():
+    batches = token_batches(4)
+    model = char_lm(stateful=True)
+    with pytest.warns(UserWarning, match="stateful=True .* this train dataloader shuffles"):
+        tiny_trainer(max_epochs=1).fit(model, torch.utils.data.DataLoader(batches, batch_size=None, shuffle=True))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="stateful=True")
+        tiny_trainer(max_epochs=1).fit(char_lm(stateful=True), batches_loader(batches))  # in order: no warning
 
 
 def test_cosine_schedule_without_a_step_count_is_an_error():
