@@ -18,10 +18,16 @@ from .measure import Table
 
 STUDIES = {  # table name -> (callbacks_bench function, title)
     "checkpoint_vs_naive": (
-        "checkpointing_vs_naive", "gradient checkpointing at 3x512, batch 50, T 50: memory vs the naive loop, time"
+        "checkpointing_vs_naive",
+        "gradient checkpointing at 3x512, batch 50, T 50: memory vs the naive loop, time (median of 15 "
+        "alternating rounds, thread CPU time)",
     ),
     "checkpoint_scaling": ("checkpointing_scaling", "gradient checkpointing: saved bytes vs T (chunk = sqrt(T))"),
-    "packed_epoch": ("packed_epoch_time", "PackedSequences: epoch time with vs without the callback"),
+    "packed_epoch": (
+        "packed_epoch_time",
+        "PackedSequences: epoch time with vs without the callback (best of 2 interleaved epochs each, wall time "
+        "including the Trainer's setup); training losses",
+    ),
 }
 
 

@@ -35,7 +35,7 @@ class LengthClassifier(LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=1e-3)
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
 def _collate(items):
@@ -48,12 +48,14 @@ def _collate(items):
 
 
 def variable_length_loader(num: int, min_len: int, max_len: int, batch_size: int, seed: int = 0) -> DataLoader:
-    """Random (L, 8) sequences, L uniform in [min_len, max_len]; label: sign of the first feature's mean."""
+    """Random (L, 8) sequences, L uniform in [min_len, max_len]; label: the sign of the first
+    feature at the last step (learnable within one epoch: the loss falls from ln 2 ~ 0.69 to
+    about 0.6, so padded and packed runs can be compared step by step)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (num,), generator=g)
     data = []
     for L in lengths.tolist():
         x = torch.randn(L, FEATURES, generator=g)
-        data.append({"inputs": x, "targets": (x[:, 0].mean() > 0).long()})
+        data.append({"inputs": x, "targets": (x[-1, 0] > 0).long()})
     order = torch.Generator().manual_seed(seed)
     return DataLoader(data, batch_size=batch_size, shuffle=True, collate_fn=_collate, generator=order)

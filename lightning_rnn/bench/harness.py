@@ -140,10 +140,12 @@ def environment(cfg: BenchConfig, threads: int) -> list[str]:
         f"device: {cfg.device} ({_device_name(cfg.device)}), torch threads: {threads}",
         f"kernel backends available: {', '.join(available_backends(cfg.device))}",
         f"oneDNN (mkldnn) enabled: {torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled} "
-        "(if so, torch.nn's CPU LSTM/GRU run oneDNN's fused RNN with pre-packed weights, which can beat "
-        "'gemm', the same GEMMs through torch.mm)",
+        "(if so, torch.nn's CPU LSTM runs oneDNN's fused RNN, one call per layer with pre-packed weights, "
+        "which can beat 'gemm', the same GEMMs through torch.mm; torch.nn's CPU GRU runs ATen's step-by-step "
+        "cell loop)",
         f"timing: median of {cfg.rounds} interleaved rounds{_more_rounds(cfg)} after {cfg.warmup} warm-up rounds "
-        "(scaling: its own rounds); memory: bytes saved for backward by one forward",
+        "(scaling: its own rounds; the callback studies: as their titles say); memory: bytes saved for "
+        "backward by one forward",
     ]
     return lines
 

@@ -2,13 +2,16 @@
 
 These CPUs are shared and noisy, so absolute times mean little; what is reproducible is
 the ratio of two implementations timed side by side. :func:`interleave` runs warm-up
-rounds, then timed rounds in which every implementation runs once, in an order that
-rotates from round to round (so no implementation always follows the same neighbour),
-and keeps every sample. Medians and ratios of medians are what the reports use.
+rounds, then timed rounds in which every implementation runs once, each round in a fresh
+random order (seeded, so a run is repeatable): which implementation runs just before
+another matters (its allocations leave the allocator, and so the page faults, in another
+state), and a rotating order kept the same neighbours in most rounds. Every sample is
+kept; medians and ratios of medians are what the reports use.
 """
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +47,7 @@ def interleave(
     warmup: int = 1,
     sync: Callable[[], None] | None = None,
     min_seconds: float = 0.0,
+    seed: int = 0,
 ) -> Timings:
     """Time each callable ``rounds`` times, interleaved, after ``warmup`` untimed rounds.
 
@@ -51,7 +55,7 @@ def interleave(
     that long in all, so a fast workload gets as many samples as its time allows (a
     median of 5 rounds of a few milliseconds each swings with the machine's load).
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before and after every timed
-    call, so asynchronous devices are timed to completion.
+    call, so asynchronous devices are timed to completion. ``seed`` seeds the rounds' orders.
     """
     if rounds < 1:
         raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
@@ -71,10 +75,9 @@ def interleave(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside one timed call would bill it to that implementation
     try:
-        r, elapsed = 0, 0.0
+        r, elapsed, order = 0, 0.0, random.Random(seed)
         while r < rounds or elapsed < min_seconds:
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in order.sample(names, len(names)):
                 sync()
                 start = time.perf_counter()
                 fns[name]()

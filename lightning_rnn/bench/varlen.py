@@ -42,11 +42,11 @@ def run_varlen(section: VarlenConfig, cfg: BenchConfig, *, log: Callable[[str], 
     if "ours" in names and "torch" in names:
         ratios.append(Ratio("time", names["ours"][0], names["torch"][0]))
     for cell, layers, hidden in itertools.product(section.cells, section.layers, section.hidden):
-        torch.manual_seed(cfg.seed)
         padded = Workload(cell, layers, hidden, hidden, section.batch, section.seq_len, device=cfg.device)
         packed = Workload(cell, layers, hidden, hidden, section.batch, section.seq_len, lengths, cfg.device)
         subjects = {}
         for workload, suffix in ((packed, "packed"), (padded, "padded")):
+            torch.manual_seed(cfg.seed)  # the same weights and input values for both
             for impl, subject in build_subjects(workload, implementations).items():
                 subjects[f"{impl}.{suffix}"] = subject
         measured = measure(subjects, cfg.rounds, cfg.warmup, cfg.device, cfg.min_seconds)

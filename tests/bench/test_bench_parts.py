@@ -8,16 +8,21 @@ from lightning_rnn.bench.timing import interleave
 from lightning_rnn.bench.varlen import lengths_with_fill
 
 
-def test_interleave_rotates_the_order_and_keeps_every_sample():
+def test_interleave_shuffles_the_order_each_round_and_keeps_every_sample():
     calls = []
     fns = {name: (lambda n=name: calls.append(n)) for name in "abc"}
-    timings = interleave(fns, rounds=3, warmup=1)
+    timings = interleave(fns, rounds=40, warmup=1)
     assert calls[:3] == ["a", "b", "c"]  # warm-up
-    rounds = [calls[3 + 3 * r : 6 + 3 * r] for r in range(3)]
-    assert [r[0] for r in rounds] == ["a", "b", "c"]  # each round starts one further on
+    rounds = [calls[3 + 3 * r : 6 + 3 * r] for r in range(40)]
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
-    assert all(len(s) == 3 and min(s) >= 0 for s in timings.samples.values())
+    neighbours = {(r[i], r[i + 1]) for r in rounds for i in range(2)}
+    assert len(neighbours) == 6  # each implementation ran right before each other one
+    assert {r[0] for r in rounds} == {"a", "b", "c"}
+    assert all(len(s) == 40 and min(s) >= 0 for s in timings.samples.values())
     assert timings.ratio("a", "a") == 1.0
+    again = []
+    interleave({name: (lambda n=name: again.append(n)) for name in "abc"}, rounds=40, warmup=1)
+    assert again == calls  # seeded: a run is repeatable
 
 
 def test_interleave_adds_rounds_until_min_seconds(monkeypatch):
