@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
@@ -104,6 +105,23 @@ def unavailable(spec: ImplSpec, device: str) -> str | None:
             dispatch.resolve(spec.backend, torch.device(device))
         except (dispatch.BackendUnavailable, ModuleNotFoundError) as err:
             return f"{spec.name}: backend {spec.backend!r} unavailable ({err})"
+    if "bf16" in spec.modifiers and spec.base == "torch":
+        failure = _torch_bf16_failure(device)
+        if failure:
+            return f"{spec.name}: torch.nn.LSTM fails under bf16 autocast here ({failure})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_bf16_failure(device: str) -> str | None:
+    """The error torch.nn.LSTM raises under bf16 autocast on ``device`` (on CPUs without
+    native bf16, oneDNN: "could not create a primitive descriptor"), or None if it runs."""
+    layer = nn.LSTM(4, 4).to(device)
+    try:
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            layer(torch.randn(2, 1, 4, device=device))
+    except RuntimeError as err:
+        return str(err).splitlines()[0][:120]
     return None
 
 

@@ -118,3 +118,19 @@ def test_results_md_keeps_sections_of_earlier_runs(tmp_path):
     text = write_results(tmp_path, ["grid", "varlen"]).read_text()
     assert text.index("grid title, run 2") < text.index("varlen title")
     assert "*Run:* threads: 1" in text
+
+
+def test_torch_under_bf16_is_skipped_with_the_reason_where_it_fails():
+    """On CPUs without native bf16, torch.nn.LSTM under bf16 autocast raises in oneDNN: the
+    benchmark skips 'torch+bf16' with a note rather than crash mid-run."""
+    from lightning_rnn.bench.subjects import runnable
+
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.LSTM(4, 4)(torch.randn(2, 1, 4))
+        fails = False
+    except RuntimeError:
+        fails = True
+    keep, notes = runnable(["ours", "torch+bf16", "ours+bf16"], "cpu")
+    assert keep == (["ours", "ours+bf16"] if fails else ["ours", "torch+bf16", "ours+bf16"])
+    assert any(n.startswith("skipped torch+bf16: torch.nn.LSTM fails under bf16 autocast") for n in notes) == fails
