@@ -122,14 +122,13 @@ class MixedPrecision(Callback):
         trainer.strategy.precision_plugin = self.plugin
 
     def _disagreement(self, precision: str, device: str) -> str:
-        converted = (
-            " (Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU)"
-            if device == "cpu" and precision == "bf16-mixed" and self.dtype == "fp16" else ""
-        )
+        # Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU: there only '32-true' composes with fp16
+        converted = device == "cpu" and precision == "bf16-mixed" and self.dtype == "fp16"
+        note = " (Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU)" if converted else ""
+        matching = "" if converted else f" or precision={self.lightning_precision!r}"
         return (
-            f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}){converted}; "
-            f"use Trainer(precision='32-true') or precision={self.lightning_precision!r}, "
-            f"or drop one of the two"
+            f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}){note}; "
+            f"use Trainer(precision='32-true'){matching}, or drop one of the two"
         )
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:

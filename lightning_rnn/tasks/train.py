@@ -27,9 +27,10 @@ def run(cfg: DictConfig) -> float | None:
         datamodule.test_dataloader()
     trainer = build_trainer(cfg)
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:
-        log.info("best checkpoint: %s", trainer.checkpoint_callback.best_model_path)
-    log.info("final metrics: %s", {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())})
+    if trainer.is_global_zero:  # once, not once per process
+        if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:
+            log.info("best checkpoint: %s", trainer.checkpoint_callback.best_model_path)
+        log.info("final metrics: %s", {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())})
     metric = trainer.callback_metrics.get(cfg.optimized_metric) if cfg.optimized_metric else None
     if cfg.optimized_metric and metric is None:
         missing_metric(cfg.optimized_metric, trainer)

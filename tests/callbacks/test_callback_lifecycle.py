@@ -136,8 +136,10 @@ def test_fp16_on_cpu_warns_and_a_converted_16_mixed_is_explained():
     with pytest.warns(UserWarning, match="dtype='fp16'.* on CPU"):
         trainer.fit(TinyClassifier(), loader(16))
     trainer, _ = make_trainer([MixedPrecision("fp16")], max_steps=1, precision="16-mixed")
-    with pytest.raises(ValueError, match="Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU"):
+    with pytest.raises(ValueError, match="Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU") as caught:
         trainer.fit(TinyClassifier(), loader(16))
+    assert "precision='16-mixed'," not in str(caught.value).split(";")[1]  # the advice does not repeat the loop
+    assert "use Trainer(precision='32-true'), or drop one of the two" in str(caught.value)
 
 
 def test_memory_logger_says_when_it_has_nothing_to_log():

@@ -47,7 +47,8 @@ def test_sample_prints_only_the_generated_text(one_process_run, tmp_path):
 
 def test_ddp_on_two_cpu_processes_matches_one_process(one_process_run, tmp_path):
     """2 processes x 4 streams reproduce 1 process x 8 streams: same val/loss after each update."""
-    run_cli(["experiment=ddp_cpu", *TINY, "data.batch_size=4", "callbacks=none"], tmp_path, timeout=180)
+    result = run_cli(["experiment=ddp_cpu", *TINY, "data.batch_size=4", "callbacks=none"], tmp_path, timeout=180)
+    assert (result.stdout + result.stderr).count("final metrics:") == 1  # rank 0 reports, not every process
     two = val_losses(run_dir(tmp_path))
     one = val_losses(one_process_run)
     assert sorted(two) == sorted(one) and len(one) == 2
