@@ -4,9 +4,12 @@ Every ``every_n_steps`` training batches (the first, then one in every_n_steps; 
 not optimizer steps) it measures one batch and logs, under ``memory/``:
 
 - on CUDA: ``{phase}_peak_allocated_mb`` / ``{phase}_peak_reserved_mb`` for the phases
-  ``forward`` (batch start -> before backward), ``backward`` (-> after backward) and
-  ``optimizer`` (after backward -> batch end: unscaling, clipping, the step), resetting the peak stats at
-  each phase start; ``bytes_per_token`` (step peak allocated / tokens in the batch);
+  ``forward`` (batch start, or the end of an optimizer step, -> before backward),
+  ``backward`` (-> after backward) and ``optimizer`` (after backward -> the end of the
+  optimizer step: unscaling, clipping, the step), resetting the peak stats at each phase
+  start. With truncated BPTT or accumulation a batch repeats the phases (one forward and
+  backward per chunk, steps between some of them); each is logged as its peak over the
+  batch; ``bytes_per_token`` (step peak allocated / tokens in the batch);
   ``num_ooms`` and ``num_alloc_retries`` (cumulative, from torch.cuda.memory_stats);
 - on any device: ``activation_mb``, the bytes the fused layers saved for backward in the
   step's forward (:class:`~lightning_rnn.utils.memory.SavedTensorsMeter` around each
@@ -103,6 +106,7 @@ class GPUMemoryLogger(Callback):
         self._metrics: dict[str, float] = {}
         self._recording = False
         self._batches_seen = 0  # training batches since fit started
+        self._open_phase: str | None = None  # the phase whose peak is being measured
 
     # ----- set-up -------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -124,6 +128,10 @@ class GPUMemoryLogger(Callback):
         for layer in layers:
             self._handles.append(layer.register_forward_pre_hook(self._enter_meter))
             self._handles.append(layer.register_forward_hook(self._exit_meter))
+        # The end of each optimizer step closes the "optimizer" phase: with manual optimization
+        # (truncated BPTT) the next chunk's forward follows it within the same batch.
+        for optimizer in trainer.optimizers:
+            self._handles.append(optimizer.register_step_post_hook(lambda *_: self._after_optimizer_step(trainer)))
         if not trainer.loggers:
             rank_zero_warn("GPUMemoryLogger: the Trainer has no logger; nothing will be logged")
         elif not layers:
@@ -168,11 +176,13 @@ class GPUMemoryLogger(Callback):
             self._activation_bytes += meter.bytes
 
     # ----- phases ---------------------------------------------------------------------
-    def _phase_start(self, trainer: Trainer) -> None:
+    def _phase_start(self, trainer: Trainer, phase: str) -> None:
+        self._open_phase = phase
         if self._cuda(trainer):
             torch.cuda.reset_peak_memory_stats()
 
     def _phase_end(self, trainer: Trainer, phase: str) -> None:
+        self._open_phase = None
         if self._cuda(trainer):
             allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
             for kind, value in (("allocated", allocated), ("reserved", reserved)):
@@ -186,23 +196,30 @@ class GPUMemoryLogger(Callback):
         if self._measuring:
             self._metrics, self._activation_bytes, self._step_peak = {}, 0, 0
             self._tokens, self._step = batch_tokens(batch), trainer.global_step
-            self._phase_start(trainer)
+            self._phase_start(trainer, "forward")
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:
-        if self._measuring:
+        if self._measuring:  # from the batch start, a step's end or (accumulating) the last backward
             self._phase_end(trainer, "forward")
-            self._phase_start(trainer)
+            self._phase_start(trainer, "backward")
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._measuring:
             self._phase_end(trainer, "backward")
-            self._phase_start(trainer)
+            self._phase_start(trainer, "optimizer")
+
+    def _after_optimizer_step(self, trainer: Trainer) -> None:
+        if self._measuring and self._open_phase == "optimizer":
+            self._phase_end(trainer, "optimizer")
+            self._phase_start(trainer, "forward")  # the next chunk's, if the batch has one
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if not self._measuring:
             return
         self._measuring = False
-        self._phase_end(trainer, "optimizer")
+        if self._open_phase == "optimizer":  # no step since the last backward (accumulating)
+            self._phase_end(trainer, "optimizer")
+        self._open_phase = None  # after the batch's last step: nothing of the step's phases
         metrics = dict(self._metrics)
         tokens = max(self._tokens, 1)
         metrics["activation_mb"] = self._activation_bytes / _MB

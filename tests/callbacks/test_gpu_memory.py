@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from lightning_rnn import FusedLSTM
 from lightning_rnn.callbacks import GPUMemoryLogger
 from lightning_rnn.callbacks.gpu_memory import batch_tokens
 from lightning_rnn.utils.memory import saved_tensor_bytes
@@ -43,3 +44,45 @@ def test_batch_tokens():
     assert batch_tokens({"inputs": torch.zeros(3, 7, 2), "lengths": torch.tensor([7, 5, 1])}) == 13
     assert batch_tokens({"inputs": torch.zeros(3, 7, 2)}) == 21
     assert batch_tokens((torch.zeros(4, 6), torch.zeros(4))) == 24
+
+
+def test_cuda_phases_end_at_each_optimizer_step_under_truncated_bptt(monkeypatch):
+    """With truncated BPTT a batch runs forward, backward and an optimizer step per chunk; each
+    phase's peak is its own (the optimizer step's memory is not billed to the next chunk's
+    forward). CUDA's peak statistics are replaced by a fake allocator that each phase bumps."""
+    import functools
+
+    from lightning.pytorch import Trainer
+
+    from callback_helpers import MemoryLogger
+    from lightning_rnn.modules import CharLanguageModel
+
+    peak = {"now": 0}
+    monkeypatch.setattr(GPUMemoryLogger, "_cuda", staticmethod(lambda trainer: True))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: peak.update(now=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: peak["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: peak["now"])
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {})
+    allocate = {"forward": 1 * 2**20, "backward": 2 * 2**20, "optimizer": 3 * 2**20}
+
+    def touch(phase):
+        peak["now"] = max(peak["now"], allocate[phase])
+
+    model = CharLanguageModel(vocab="abc", embedding_dim=4, val_sample_length=0, tbptt_steps=4,
+                              rnn=functools.partial(FusedLSTM, hidden_size=8),
+                              optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    model.rnn.register_forward_pre_hook(lambda *_: touch("forward"))
+    model.rnn.weight_hh_l0.register_hook(lambda grad: touch("backward"))
+
+    class TouchOnStep(GPUMemoryLogger):
+        def on_train_start(self, trainer, module):
+            trainer.optimizers[0].register_step_pre_hook(lambda *_: touch("optimizer"))
+
+    logger = MemoryLogger()
+    trainer = Trainer(max_steps=2, logger=logger, callbacks=[TouchOnStep(every_n_steps=1)], accelerator="cpu",
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    batches = [{"inputs": torch.randint(0, 3, (2, 8)), "targets": torch.randint(0, 3, (2, 8))}]
+    trainer.fit(model, torch.utils.data.DataLoader(batches, batch_size=None))  # one batch, 2 chunks, 2 steps
+    assert trainer.global_step == 2
+    for phase, mb in (("forward", 1.0), ("backward", 2.0), ("optimizer", 3.0)):
+        assert logger.values(f"memory/{phase}_peak_allocated_mb") == [mb], phase
