@@ -25,7 +25,18 @@ def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
     """``cfg.model`` instantiated with the sizes (vocab, input_size, ...) the data gives.
     The run logs the whole resolved config (build_trainer), so the model does not log its
     own hyperparameters too."""
-    model = instantiate(cfg.model, **datamodule.model_kwargs())
+    given = datamodule.model_kwargs()
+    needed = [k for k in cfg.model if OmegaConf.is_missing(cfg.model, k) and k not in given]
+    if needed:
+        model = str(cfg.model.get("_target_", "the model")).rsplit(".", 1)[-1]
+        raise ValueError(
+            f"model: {model} needs {', '.join(needed)} from the data, which {type(datamodule).__name__} does not "
+            f"give (it gives {', '.join(given) or 'nothing'}); pick a model and data that go together: "
+            "model=char_lm with data=char_python/char_shakespeare/char_file/copy_memory, model=classifier with "
+            "data=classification, model=regressor with data=forecasting/adding_problem (an experiment=... "
+            "recipe picks both)"
+        )
+    model = instantiate(cfg.model, **given)
     model._log_hyperparams = False  # what save_hyperparameters(logger=False) sets
     return model
 

@@ -94,6 +94,18 @@ def test_plateau_scheduler_trains_from_the_command_line(tmp_path):
     assert checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(lr * 0.5)  # 2 validations
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["data=classification", "data.num_samples=40"],
+     "model: CharLanguageModel needs vocab from the data, which SequenceClassificationDataModule does not give "
+     r"\(it gives input_size, num_classes\)"),
+    (["data=copy_memory", "model=classifier"], "model: SequenceClassifier needs input_size, num_classes from the data"),
+])
+def test_a_model_and_data_that_do_not_go_together_are_named(tmp_path, overrides, message):
+    cfg = compose_config(tmp_path, [*overrides, "logger=none", "trainer.max_steps=1"])
+    with pytest.raises(ValueError, match=message):
+        train.run(cfg)
+
+
 def test_train_with_logger_none_keeps_the_default_callbacks(tmp_path):
     """The default callbacks include a LearningRateMonitor, which Lightning refuses without a logger."""
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
