@@ -67,7 +67,13 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
     - ``.csv``: columns ``sequence`` (numbers separated by spaces) and ``label``.
     """
     if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"path: line {number} of {path.name} is not JSON ({err.msg})") from None
     elif path.suffix == ".csv":
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
@@ -79,19 +85,25 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
             raise ValueError(f"path: row {number} of {path.name} has no {' or '.join(map(repr, missing))} "
                              f"(expected the keys 'sequence' and 'label', got {sorted(row)})")
     values = (lambda text: [float(v) for v in text.split()]) if path.suffix == ".csv" else (lambda seq: seq)
-    pairs = [(values(row["sequence"]), row["label"]) for row in rows]
-    sequences = []
-    for line, (seq, _) in enumerate(pairs, start=1):
-        tensor = torch.tensor(seq, dtype=torch.float32)
+    sequences, labels = [], []
+    for line, row in enumerate(rows, start=1):
+        try:
+            tensor = torch.tensor(values(row["sequence"]), dtype=torch.float32)
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"path: record {line} of {path.name}: 'sequence' is not numbers, or lists of numbers of one "
+                f"length ({err})"
+            ) from None
+        labels.append(row["label"])
         if tensor.dim() == 1:
             tensor = tensor.unsqueeze(-1)
         if tensor.dim() != 2 or len(tensor) == 0:
-            raise ValueError(f"path: record {line} of {path} has no steps or an irregular shape")
+            raise ValueError(f"path: record {line} of {path.name} has no steps or an irregular shape")
         if sequences and tensor.shape[1] != sequences[0].shape[1]:
-            raise ValueError(f"path: record {line} of {path} has {tensor.shape[1]} features per step, "
+            raise ValueError(f"path: record {line} of {path.name} has {tensor.shape[1]} features per step, "
                              f"record 1 has {sequences[0].shape[1]}")
         sequences.append(tensor)
-    return sequences, [str(label) for _, label in pairs]
+    return sequences, [str(label) for label in labels]
 
 
 class SequenceClassificationDataModule(RNNDataModule):

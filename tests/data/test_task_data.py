@@ -94,6 +94,19 @@ def test_classification_file_without_the_expected_columns(tmp_path):
         SequenceClassificationDataModule(path=str(jsonl)).setup()
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("data.jsonl", '{"sequence": [1, 2], "label": 0}\n{"sequence": [[1, 2], [3]], "label": 1}\n',
+     "path: record 2 of data.jsonl: 'sequence' is not numbers, or lists of numbers of one length"),
+    ("data.jsonl", '{"sequence": [1, 2], "label": 0}\n\nnot json\n', r"path: line 3 of data.jsonl is not JSON"),
+    ("data.csv", 'sequence,label\n1 2,a\n1 x,b\n', "path: record 2 of data.csv: 'sequence' is not numbers"),
+])
+def test_classification_file_with_a_bad_record_names_it(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        SequenceClassificationDataModule(path=str(path)).setup()
+
+
 def test_forecasting_windows_standardized_and_chronological(tmp_path):
     csv_path = tmp_path / "series.csv"
     rows = [f"{t},{math.sin(t / 5):.6f},{t % 7}" for t in range(400)]
