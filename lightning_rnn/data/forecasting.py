@@ -52,11 +52,24 @@ def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
         missing = sorted(set(names) - set(reader.fieldnames or []))
         if missing or not names:
             raise ValueError(f"columns: {missing or names} not found in the header of {path}")
-        try:
-            rows = [[float(row[name]) for name in names] for row in reader]
-        except ValueError as err:
-            raise ValueError(f"path: non-numeric value in columns {names} of {path}: {err}") from err
+        rows = []
+        for row in reader:
+            try:
+                rows.append([float(row[name]) for name in names])
+            except (ValueError, TypeError):  # TypeError: a short row's missing fields are None
+                bad = next(n for n in names if not _is_number(row[n]))
+                raise ValueError(
+                    f"path: line {reader.line_num} of {path.name}, column {bad!r}: expected a number, got {row[bad]!r}"
+                ) from None
     return torch.tensor(rows, dtype=torch.float32)
+
+
+def _is_number(text) -> bool:
+    try:
+        float(text)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 class ForecastingDataModule(RNNDataModule):

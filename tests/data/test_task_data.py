@@ -138,3 +138,16 @@ def test_forecasting_columns_may_be_one_name(tmp_path):
     path.write_text("temp,wind\n1.5,2\n2.5,3\n")
     assert read_series(path, "temp").tolist() == [[1.5], [2.5]]
     assert read_series(path, ["wind", "temp"]).tolist() == [[2.0, 1.5], [3.0, 2.5]]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("temp,wind\n1.5,2\n2.5,n/a\n", r"path: line 3 of series.csv, column 'wind': expected a number, got 'n/a'"),
+    ("temp,wind\n1.5,2\n2.5\n", r"path: line 3 of series.csv, column 'wind': expected a number, got None"),
+])
+def test_forecasting_bad_values_are_named_by_line_and_column(tmp_path, content, message):
+    from lightning_rnn.data.forecasting import read_series
+
+    path = tmp_path / "series.csv"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_series(path, None)
