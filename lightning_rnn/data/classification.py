@@ -155,3 +155,13 @@ class SequenceClassificationDataModule(RNNDataModule):
 
     def model_kwargs(self) -> dict:
         return {"input_size": self.num_features, "num_classes": self.num_classes}
+
+    def _dataloader(self, split: str):
+        if split != "train" and len(self.datasets[split]) == 0:
+            total = sum(len(part) for part in self.datasets.values())
+            fraction = self.fractions[0 if split == "val" else 1]
+            raise ValueError(
+                f"{split}_fraction: {fraction} of {total} sequences leaves the {split} split empty; "
+                f"use more data or a larger {split}_fraction"
+            )
+        return super()._dataloader(split)

@@ -151,3 +151,11 @@ def test_forecasting_bad_values_are_named_by_line_and_column(tmp_path, content, 
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
         read_series(path, None)
+
+
+def test_classification_split_left_empty_is_named():
+    data = SequenceClassificationDataModule(num_samples=8, val_fraction=0.1)
+    data.setup()
+    assert len(data.train_dataloader()) > 0
+    with pytest.raises(ValueError, match="val_fraction: 0.1 of 8 sequences leaves the val split empty"):
+        data.val_dataloader()
