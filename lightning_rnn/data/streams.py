@@ -93,5 +93,10 @@ class StreamLoader(DataLoader):
 
 
 def trainer_batches_done(trainer) -> int:
-    """Batches of the current training epoch ``trainer`` has run (0 without a Trainer)."""
-    return 0 if trainer is None else trainer.fit_loop.epoch_loop.batch_idx + 1
+    """Batches of the current training epoch ``trainer`` has run; 0 without a Trainer or once
+    the epoch's batches (``limit_train_batches`` of them, if set) are all done, so that a run
+    resumed from the end of an epoch starts the next one at its first batch."""
+    if trainer is None:
+        return 0
+    done = trainer.fit_loop.epoch_loop.batch_idx + 1
+    return 0 if done >= trainer.num_training_batches else done

@@ -168,7 +168,7 @@ def test_a_run_resumed_mid_epoch_reads_the_rest_of_that_epoch(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("the quick brown fox jumps over the lazy dog. " * 30)
 
-    def run(max_epochs, ckpt_path=None, callbacks=()):
+    def run(max_epochs, ckpt_path=None, callbacks=(), **trainer_args):
         torch.manual_seed(0)
         data = CharCorpusDataModule(path=str(path), batch_size=3, seq_len=8, val_fraction=0.1, test_fraction=0.1)
         data.setup()
@@ -177,7 +177,8 @@ def test_a_run_resumed_mid_epoch_reads_the_rest_of_that_epoch(tmp_path):
                                   optimizer=functools.partial(torch.optim.SGD, lr=0.1))
         record = Record()
         trainer = Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                          limit_val_batches=0, callbacks=[record, *callbacks], default_root_dir=tmp_path)
+                          limit_val_batches=0, callbacks=[record, *callbacks], default_root_dir=tmp_path,
+                          **trainer_args)
         trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
         return record.seen, trainer
 
@@ -187,3 +188,10 @@ def test_a_run_resumed_mid_epoch_reads_the_rest_of_that_epoch(tmp_path):
     assert per_epoch > 4 and len(whole) == 2 * per_epoch
     resumed, _ = run(2, ckpt_path=tmp_path / "ckpt" / "step=4.ckpt")
     assert resumed == whole[4:]  # batch 4 of epoch 0 onwards: the same indices and the same text
+
+    # an epoch cut short by limit_train_batches, resumed from its end: the next epoch starts at batch 0
+    saver = ModelCheckpoint(dirpath=tmp_path / "short", save_top_k=-1, filename="{epoch}")
+    whole, _ = run(2, limit_train_batches=3)
+    run(1, callbacks=[saver], limit_train_batches=3)
+    resumed, _ = run(2, ckpt_path=tmp_path / "short" / "epoch=0.ckpt", limit_train_batches=3)
+    assert resumed == whole[3:]
