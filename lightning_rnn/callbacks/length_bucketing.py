@@ -19,7 +19,9 @@ class LengthBucketBatchSampler(BatchSampler):
     Args:
         sampler: the index sampler, e.g. ``RandomSampler(dataset)``.
         batch_size: sequences per batch.
-        drop_last: drop the one smaller batch of the epoch (what the buckets leave over).
+        drop_last: leave out ``N % batch_size`` sequences each epoch so that every batch is
+            full: the last ones in ``sampler``'s order, as ``BatchSampler`` does (with a
+            shuffling sampler, different ones each epoch).
         lengths: length of every sequence of the dataset, indexed like it.
         bucket_size: indices sorted together; default 50 batches.
         shuffle: shuffle the order of the batches (the training default).
@@ -46,16 +48,17 @@ class LengthBucketBatchSampler(BatchSampler):
         return indices[torch.sort(self.lengths[indices], descending=True, stable=True).indices]
 
     def _batches(self) -> list[torch.Tensor]:
+        indices = torch.as_tensor(list(self.sampler), dtype=torch.long)
+        if self.drop_last:  # the sampler's last N % batch_size indices, as BatchSampler drops them: a random
+            indices = indices[: len(indices) - len(indices) % self.batch_size]  # few, not the shortest
         full, leftover = [], []
-        for bucket in torch.as_tensor(list(self.sampler), dtype=torch.long).split(self.bucket_size):
+        for bucket in indices.split(self.bucket_size):
             bucket = self._longest_first(bucket)
             cut = len(bucket) - len(bucket) % self.batch_size
             full.extend(bucket[:cut].split(self.batch_size) if cut else ())
             leftover.append(bucket[cut:])
         rest = torch.cat(leftover) if leftover else torch.empty(0, dtype=torch.long)
         tail = [b for b in self._longest_first(rest).split(self.batch_size) if len(b)]
-        if tail and self.drop_last and len(tail[-1]) < self.batch_size:
-            tail.pop()
         batches = full + tail
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches)).tolist()]

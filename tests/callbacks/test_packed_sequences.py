@@ -68,6 +68,27 @@ def test_sampler_yields_every_index_once_in_length_sorted_batches():
     assert len(list(dropped)) == len(dropped) == 10
 
 
+@pytest.mark.parametrize("bucket_size", [50, 140])
+def test_drop_last_leaves_out_other_sequences_each_epoch_not_the_shortest(bucket_size):
+    """Like BatchSampler: the sampler's last N % batch_size indices, random under shuffling. (The
+    bucket's leftovers, its shortest sequences, were dropped: the same 3 in every epoch.)"""
+    torch.manual_seed(0)
+    lengths = torch.randperm(103) + 1
+    sampler = LengthBucketBatchSampler(RandomSampler(range(103)), 10, drop_last=True, lengths=lengths,
+                                       bucket_size=bucket_size)
+    shortest = {int(i) for i in lengths.argsort()[:3]}
+    ever_dropped, shortest_dropped = set(), 0
+    for _ in range(30):
+        batches = list(sampler)
+        assert len(batches) == 10 and all(len(b) == 10 for b in batches)
+        seen = {i for b in batches for i in b}
+        assert len(seen) == 100
+        dropped = set(range(103)) - seen
+        ever_dropped |= dropped
+        shortest_dropped += dropped == shortest
+    assert shortest_dropped < 3 and len(ever_dropped) > 30  # different sequences, not the 3 shortest
+
+
 def test_bad_arguments_and_batches():
     with pytest.raises(ValueError, match="bucket_size: expected None or an int >= 1, got 0"):
         PackedSequences(bucket_size=0)
