@@ -48,7 +48,14 @@ class SequenceRegressor(RNNModule):
         return self.output_layer(features).view(len(features), self.hparams.horizon, self.hparams.output_size)
 
     def compute_loss(self, predictions: torch.Tensor, batch: dict) -> torch.Tensor:
-        return LOSSES[self.hparams.loss](predictions, batch["targets"])
+        targets = batch["targets"]
+        if not isinstance(targets, torch.Tensor) or targets.shape != predictions.shape \
+                or not targets.is_floating_point():
+            described = f"{targets.dtype} of shape {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) \
+                else type(targets).__name__
+            raise ValueError(f"targets: expected floats of shape {tuple(predictions.shape)} (batch, horizon, "
+                             f"output_size), got {described}")  # a loss would broadcast other shapes
+        return LOSSES[self.hparams.loss](predictions, targets)
 
     def build_metrics(self) -> MetricCollection:
         return MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})

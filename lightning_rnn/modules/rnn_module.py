@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import RandomSampler
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from . import factories
 from .state import State, detach_state, state_batch_size
@@ -521,6 +521,23 @@ class RNNModule(LightningModule):
         # torchmetrics' compute() already synced the values across processes, so averaging
         # them again changes nothing; it tells Lightning they are global.
         self.log_dict(values, prog_bar=stage == "val", sync_dist=True)
+
+    def on_fit_start(self) -> None:
+        self._metrics_like_parameters()
+
+    def on_validation_start(self) -> None:
+        self._metrics_like_parameters()
+
+    def on_test_start(self) -> None:
+        self._metrics_like_parameters()
+
+    def _metrics_like_parameters(self) -> None:
+        """float64 metric states for a float64 model (torchmetrics keeps float32 through
+        ``.double()``, which rounded the epoch means of a float64 run at about 1e-7)."""
+        if any(p.dtype == torch.float64 for p in self.parameters()):
+            for metric in self.modules():
+                if isinstance(metric, Metric):
+                    metric.set_dtype(torch.float64)
 
     def on_train_start(self) -> None:
         if self.hparams.stateful and _shuffles(self.trainer.train_dataloader):

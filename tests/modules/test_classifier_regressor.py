@@ -187,3 +187,15 @@ def test_a_subclass_embedding_token_ids_takes_integer_inputs():
     batch = {"inputs": torch.randint(0, 11, (3, 6)), "lengths": torch.tensor([6, 2, 4]), "targets": torch.tensor([0, 1, 1])}
     loss, logits, _ = model.shared_step(batch, "val")
     assert logits.shape == (3, 2) and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("targets, message", [
+    (torch.zeros(4, 1), r"targets: expected floats of shape \(4, 1, 1\) \(batch, horizon, output_size\), got "
+                        r"torch.float32 of shape \(4, 1\)"),  # MSE would broadcast it to (4, 4, 1)
+    (torch.zeros(4, 1, 1, dtype=torch.long), r"got torch.int64 of shape \(4, 1, 1\)"),
+])
+def test_regressor_targets_of_another_shape_are_named(targets, message):
+    model = SequenceRegressor(input_size=2, output_size=1, horizon=1, rnn=rnn_factory(), optimizer=adam())
+    predictions, _ = model(torch.rand(4, 5, 2))
+    with pytest.raises(ValueError, match=message):
+        model.compute_loss(predictions, {"inputs": None, "targets": targets})

@@ -218,6 +218,18 @@ def test_validation_logs_epoch_means_and_derived_metrics():
     assert "train/epoch_loss" in metrics
 
 
+def test_a_float64_model_keeps_float64_epoch_metrics():
+    model = char_lm().double()
+    batches = token_batches(3)
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader(batches), batches_loader(batches))
+    assert model.val_mean_loss.mean_value.dtype == torch.float64
+    with torch.no_grad():  # the epoch mean of the val losses, by hand, in float64
+        losses = [model.shared_step(b, "test")[0] for b in batches]
+    expected = sum(losses) / len(losses)
+    assert trainer.callback_metrics["val/loss"].item() == pytest.approx(expected.item(), rel=1e-12)
+
+
 def test_split_batch_requires_equal_lengths():
     model = char_lm(tbptt_steps=4)
     chunks = model.split_batch({"inputs": torch.zeros(2, 10, dtype=torch.long), "targets": torch.zeros(2, 10)})
