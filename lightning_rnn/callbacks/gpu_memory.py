@@ -127,7 +127,9 @@ class GPUMemoryLogger(Callback):
         layers = fused_layers(pl_module)
         for layer in layers:
             self._handles.append(layer.register_forward_pre_hook(self._enter_meter))
-            self._handles.append(layer.register_forward_hook(self._exit_meter))
+            # always_call: a forward that raises still closes its meter (a saved-tensors hook
+            # left open would see every tensor the process saves for backward from then on)
+            self._handles.append(layer.register_forward_hook(self._exit_meter, always_call=True))
         # The end of each optimizer step closes the "optimizer" phase: with manual optimization
         # (truncated BPTT) the next chunk's forward follows it within the same batch.
         for optimizer in trainer.optimizers:
@@ -144,6 +146,9 @@ class GPUMemoryLogger(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        while self._meters:  # open only if a run stopped inside a measured forward
+            self._meters.pop().__exit__(None, None, None)
+        self._measuring = False
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning skips teardown and on_train_end when a run raises

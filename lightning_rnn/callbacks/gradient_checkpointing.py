@@ -65,6 +65,13 @@ class GradientCheckpointing(Callback):
             if name not in named or name == "":
                 raise ValueError(f"modules: {type(pl_module).__name__} has no submodule {name!r}")
             module = named[name]
+            if any(_contains(module, layer) for layer in layers):
+                rank_zero_warn(
+                    f"GradientCheckpointing: modules: {name!r} is or holds a FusedLSTM/FusedGRU, which the "
+                    "callback already checkpoints over time; torch.utils.checkpoint around it recomputes it "
+                    "once more and hides what it keeps from the saved-tensor counts (memory/activation_mb): "
+                    "name its other submodules instead"
+                )
             module.forward = partial(_checkpointed_forward, module, module.forward)
             self._wrapped.append(module)
         if not layers and not self._wrapped:
@@ -72,6 +79,13 @@ class GradientCheckpointing(Callback):
                 "GradientCheckpointing: the model has no FusedLSTM/FusedGRU layers and no `modules`; nothing to do"
             )
         else:
+            on_torch = [layer for layer in layers if layer.backend == "torch"]
+            if on_torch:
+                rank_zero_warn(
+                    f"GradientCheckpointing: {len(on_torch)} of the {len(layers)} fused layer(s) run "
+                    "backend='torch' (torch.nn's kernels), which cannot be checkpointed over time; they "
+                    "run without it"
+                )
             rank_zero_info(
                 f"GradientCheckpointing: chunk_size={self.chunk_size!r} on {len(layers)} fused layer(s)"
                 + (f"; torch.utils.checkpoint on {', '.join(self.modules)}" if self.modules else "")
@@ -89,3 +103,8 @@ class GradientCheckpointing(Callback):
         for module in self._wrapped:
             del module.forward  # the instance attribute; the class's forward shows again
         self._previous, self._wrapped = [], []
+
+
+def _contains(module: nn.Module, layer: nn.Module) -> bool:
+    """Whether ``layer`` is ``module`` or one of its submodules."""
+    return any(child is layer for child in module.modules())

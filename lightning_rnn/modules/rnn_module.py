@@ -516,8 +516,13 @@ class RNNModule(LightningModule):
             values.update({f"{stage}/{k}": v for k, v in self.derived_metrics(loss).items()})
         if metrics is not None:
             values.update(metrics.compute())
-            metrics.reset()
-        mean_loss.reset()
+        # Fresh states outside inference mode: Trainer.validate/test run under it, and states
+        # made there could not be updated in place by a later fit's validation (which runs
+        # without it): fit -> validate -> fit failed.
+        with torch.inference_mode(False):
+            if metrics is not None:
+                metrics.reset()
+            mean_loss.reset()
         # torchmetrics' compute() already synced the values across processes, so averaging
         # them again changes nothing; it tells Lightning they are global.
         self.log_dict(values, prog_bar=stage == "val", sync_dist=True)
@@ -544,8 +549,8 @@ class RNNModule(LightningModule):
             rank_zero_warn(
                 "stateful=True carries each batch row's state into the same row of the next batch, "
                 "which needs rows that continue one another (ContiguousStreams); this train "
-                "dataloader shuffles, so the carried state comes from unrelated sequences "
-                "(set stateful=False)"
+                "dataloader shuffles (or buckets by length), so the carried state comes from unrelated "
+                "sequences (set stateful=False)"
             )
 
     def on_train_epoch_start(self) -> None:
@@ -584,10 +589,14 @@ PLATEAU_METRIC = "val/loss"
 
 
 def _shuffles(loader) -> bool:
-    """Whether a DataLoader draws its items in random order."""
+    """Whether a DataLoader draws its items in random order, or regroups them by length
+    (the PackedSequences callback's bucketing)."""
+    from ..callbacks.length_bucketing import LengthBucketBatchSampler
+
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
-    return isinstance(sampler, RandomSampler) or isinstance(getattr(batch_sampler, "sampler", None), RandomSampler)
+    return (isinstance(sampler, RandomSampler) or isinstance(batch_sampler, LengthBucketBatchSampler)
+            or isinstance(getattr(batch_sampler, "sampler", None), RandomSampler))
 
 
 def _on_plateau(scheduler) -> bool:

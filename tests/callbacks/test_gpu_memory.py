@@ -86,3 +86,28 @@ def test_cuda_phases_end_at_each_optimizer_step_under_truncated_bptt(monkeypatch
     assert trainer.global_step == 2
     for phase, mb in (("forward", 1.0), ("backward", 2.0), ("optimizer", 3.0)):
         assert logger.values(f"memory/{phase}_peak_allocated_mb") == [mb], phase
+
+
+def test_a_forward_that_raises_while_measured_leaves_no_saved_tensors_hook():
+    """The meter a measured forward opens is closed even when the forward raises (it stayed
+    installed for the whole process: every tensor saved for backward went through it)."""
+    from lightning.pytorch import LightningModule
+
+    class RaisesInForward(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.rnn = FusedLSTM(3, 4, batch_first=True)
+
+        def training_step(self, batch, batch_idx):
+            return self.rnn(batch[0].double())[0].sum()  # float64 input, float32 weights: ValueError
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer, _ = make_trainer([GPUMemoryLogger(every_n_steps=1)], max_steps=1)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 5, 3)), batch_size=2)
+    with pytest.raises(ValueError, match="input: dtype torch.float64"):
+        trainer.fit(RaisesInForward(), data)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hook may be active here"):
+        pass

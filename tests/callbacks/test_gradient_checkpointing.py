@@ -42,3 +42,17 @@ def test_unknown_submodule_is_an_error():
     trainer, _ = make_trainer([GradientCheckpointing(4, modules=["decoder"])], max_steps=1)
     with pytest.raises(ValueError, match="modules: TinyClassifier has no submodule 'decoder'"):
         trainer.fit(TinyClassifier(), loader(n=8))
+
+
+def test_wrapping_a_fused_layer_in_torch_checkpoint_too_warns():
+    trainer, _ = make_trainer([GradientCheckpointing(4, modules=["rnn"])], max_steps=1)
+    with pytest.warns(UserWarning, match="modules: 'rnn' is or holds a FusedLSTM/FusedGRU"):
+        trainer.fit(TinyClassifier(), loader(n=8))
+
+
+def test_layers_on_torch_nn_s_kernels_are_said_to_run_without_it():
+    model = TinyClassifier()
+    model.rnn.backend = "torch"
+    trainer, _ = make_trainer([GradientCheckpointing(4)], max_steps=1)
+    with pytest.warns(UserWarning, match="1 of the 1 fused layer.s. run backend='torch'"):
+        trainer.fit(model, loader(n=8))

@@ -52,3 +52,23 @@ def test_recipes_use_the_callbacks(tmp_path, recipe, expected):
 
     cfg = _compose(tmp_path, [f"experiment={recipe}"])
     assert any(isinstance(instantiate(c), expected) for c in cfg.callbacks.values())
+
+
+def test_stateful_classifier_with_length_bucketing_warns():
+    """Bucketing regroups the rows by length, so a carried state would come from other sequences."""
+    import functools
+
+    from lightning.pytorch import Trainer
+    from torch.utils.data import DataLoader
+
+    from lightning_rnn import FusedLSTM
+    from lightning_rnn.data import pad_batch
+    from lightning_rnn.modules import SequenceClassifier
+
+    items = [{"inputs": torch.randn(n, 3), "targets": torch.tensor(n % 2)} for n in (5, 9, 3, 7, 4, 8, 6, 2)]
+    model = SequenceClassifier(input_size=3, num_classes=2, stateful=True, rnn=functools.partial(FusedLSTM, hidden_size=4),
+                               optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    trainer = Trainer(max_epochs=1, callbacks=[PackedSequences()], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    with pytest.warns(UserWarning, match=r"stateful=True .* shuffles \(or buckets by length\)"):
+        trainer.fit(model, DataLoader(items, batch_size=4, collate_fn=pad_batch))

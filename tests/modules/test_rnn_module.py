@@ -218,6 +218,19 @@ def test_validation_logs_epoch_means_and_derived_metrics():
     assert "train/epoch_loss" in metrics
 
 
+def test_fit_after_validate_runs():
+    """validate runs under inference mode: the metric states it resets must still be
+    updatable by the next fit's validation (fit -> validate -> fit raised 'Inplace update
+    to inference tensor outside InferenceMode')."""
+    model = char_lm()
+    batches = batches_loader(token_batches(2))
+    tiny_trainer(max_epochs=1).fit(model, batches, batches)
+    tiny_trainer().validate(model, batches)
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches, batches)
+    assert torch.isfinite(trainer.callback_metrics["val/loss"])
+
+
 def test_a_float64_model_keeps_float64_epoch_metrics():
     model = char_lm().double()
     batches = token_batches(3)
