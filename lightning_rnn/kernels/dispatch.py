@@ -93,7 +93,7 @@ def resolve(backend: str, device: torch.device) -> str:
         return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
     if _torch_func_active():
         return "torch"  # the kernels' autograd.Functions are not torch.func-transformable
-    if torch.compiler.is_exporting() or torch.jit.is_tracing():
+    if _is_exporting() or torch.jit.is_tracing():
         return "torch"  # captured as aten.lstm / aten.gru, which exported programs can run
     if backend != "auto":
         if backend in KERNEL_BACKENDS:
@@ -115,13 +115,24 @@ def resolve(backend: str, device: torch.device) -> str:
     return "reference"
 
 
+def _is_exporting() -> bool:
+    """torch.compiler.is_exporting(), which torch versions before 2.7 lack."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting()) if is_exporting is not None else False
+
+
+#: Words of the lines that say why a build failed (compiler errors, a missing tool).
+_CAUSES = ("error", "not found", "fatal", "no such file", "permission denied")
+
+
 def _summary(err: Exception, max_lines: int = 3) -> str:
-    """The gist of a (possibly long) build failure: its first line and first error lines."""
+    """The gist of a (possibly long) build failure: its first line and the lines giving the cause."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     if not lines:
         return type(err).__name__
-    errors = [ln for ln in lines[1:] if "error" in ln.lower() and not ln.startswith(("c++ ", "[", "FAILED"))]
-    return " | ".join(lines[:1] + errors[:max_lines])[:1000]
+    causes = [ln for ln in lines[1:] if any(w in ln.lower() for w in _CAUSES)
+              and not ln.startswith(("c++ ", "[", "FAILED"))]
+    return " | ".join(lines[:1] + causes[:max_lines])[:1000]
 
 
 def kernels(backend: str) -> ModuleType:

@@ -39,6 +39,44 @@ def test_auto_warns_once_and_falls_back(broken_cpp):
     assert dispatch.available_backends("cpu") == ["reference"]
 
 
+def test_a_build_without_a_compiler_says_so_in_the_warning():
+    """The fallback warning keeps the line with the cause ('c++: not found'), not only the
+    (long) compile command."""
+    err = dispatch.BackendUnavailable(
+        "building the 'cpp' kernels failed: Error building extension 'x': [1/2] c++ -MMD -MF rnn_cpu.o.d ...\n"
+        "FAILED: rnn_cpu.o\n/bin/sh: 1: c++: not found\nninja: build stopped: subcommand failed."
+    )
+    assert "/bin/sh: 1: c++: not found" in dispatch._summary(err)
+
+
+def test_torch_without_is_exporting_is_not_exporting(monkeypatch):
+    monkeypatch.delattr(torch.compiler, "is_exporting")  # torch < 2.7
+    assert dispatch._is_exporting() is False
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    build._clear_stale_lock(tmp_path)  # another process is building now: wait for it
+    assert lock.exists() and "waiting for the build another process started" in capsys.readouterr().err
+    old = time.time() - build.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    build._clear_stale_lock(tmp_path)  # killed mid-build long ago: every later process would hang
+    assert not lock.exists() and "removing a build lock left" in capsys.readouterr().err
+
+
+def test_ninja_is_found_next_to_python_without_an_activated_venv(monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert shutil.which("ninja") is None
+    build._find_ninja()
+    assert shutil.which("ninja") is not None  # pip's ninja (a dependency) beside this Python
+
+
 def test_auto_picks_compiled_backend_on_cpu():
     assert dispatch.resolve("auto", torch.device("cpu")) == "cpp"
     assert dispatch.available_backends("cpu") == ["cpp", "reference"]

@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +53,45 @@ def _fingerprint(sources: list[Path], flags: list[str]) -> str:
     return digest.hexdigest()[:12]
 
 
+#: A build lock older than this was left by a build that was killed (builds take ~1-2 minutes).
+STALE_LOCK_SECONDS = 15 * 60
+
+
+def _find_ninja() -> None:
+    """Put the ninja that pip installed with this package on PATH when PATH has none (a
+    venv's Python run without activating the venv: cron jobs, IDEs)."""
+    if shutil.which("ninja"):
+        return
+    candidates = [Path(sys.executable).parent]
+    try:
+        import ninja
+
+        candidates.insert(0, Path(ninja.BIN_DIR))
+    except (ImportError, AttributeError):
+        pass
+    for directory in candidates:
+        if (directory / "ninja").exists():
+            os.environ["PATH"] = os.pathsep.join([str(directory), os.environ.get("PATH", "")])
+            return
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    """torch's file baton (``build_dir/lock``) makes a process wait while another builds; a
+    build that was killed leaves it behind, and every later process would wait forever."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        print(f"lightning_rnn: removing a build lock left {age / 60:.0f} minutes ago by an interrupted "
+              f"build: {lock}", file=sys.stderr, flush=True)
+        lock.unlink(missing_ok=True)
+    else:
+        print(f"lightning_rnn: waiting for the build another process started ({lock}); if no other "
+              "process is building, delete that file", file=sys.stderr, flush=True)
+
+
 def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list[str] | None = None) -> ModuleType:
     """Build (or load the cached build of) ``sources`` from csrc/; raises BackendUnavailable.
 
@@ -68,6 +109,8 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
         build_dir = _build_root() / name
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
+            _find_ninja()
+            _clear_stale_lock(build_dir)
             if not (build_dir / f"{name}.so").exists():
                 print(f"lightning_rnn: building the {tag!r} kernels (first use, about a minute) in {build_dir}",
                       file=sys.stderr, flush=True)
