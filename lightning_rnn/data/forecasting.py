@@ -54,22 +54,15 @@ def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
             raise ValueError(f"columns: {missing or names} not found in the header of {path}")
         rows = []
         for row in reader:
-            try:
-                rows.append([float(row[name]) for name in names])
-            except (ValueError, TypeError):  # TypeError: a short row's missing fields are None
-                bad = next(n for n in names if not _is_number(row[n]))
-                raise ValueError(
-                    f"path: line {reader.line_num} of {path.name}, column {bad!r}: expected a number, got {row[bad]!r}"
-                ) from None
+            values = []
+            for name in names:
+                try:
+                    values.append(float(row[name]))
+                except (ValueError, TypeError):  # TypeError: a short row's missing fields are None
+                    raise ValueError(f"path: line {reader.line_num} of {path.name}, column {name!r}: "
+                                     f"expected a number, got {row[name]!r}") from None
+            rows.append(values)
     return torch.tensor(rows, dtype=torch.float32)
-
-
-def _is_number(text) -> bool:
-    try:
-        float(text)
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 class ForecastingDataModule(RNNDataModule):
