@@ -86,5 +86,26 @@ def route_lightning_logs_through_hydra() -> None:
         logger.propagate = True
 
 
+#: Overrides that compose Hydra's Optuna sweeper, a plugin of its own package.
+OPTUNA_OVERRIDES = ("hparams_search=optuna", "experiment=optuna_sweep")
+
+
+def missing_sweeper(args: list[str]) -> str | None:
+    """The error for an Optuna sweep asked for without its plugin installed (Hydra's own says
+    only "Could not find 'hydra/sweeper/optuna'"), else None."""
+    if not any(arg in OPTUNA_OVERRIDES for arg in args):
+        return None
+    try:
+        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
+    except ImportError:
+        return ("Error: hparams_search=optuna needs Hydra's Optuna sweeper: "
+                'pip install "lightning_rnn[optuna]" (or hydra-optuna-sweeper)')
+    return None
+
+
 def main() -> None:
+    error = missing_sweeper(sys.argv[1:])
+    if error:
+        print(error, file=sys.stderr)
+        raise SystemExit(1)
     hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(run)()

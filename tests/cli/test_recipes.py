@@ -11,7 +11,7 @@ from cli_helpers import CONF, QUICK, compose_config
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
-from lightning_rnn.cli import is_setting_error, route_lightning_logs_through_hydra, run, setting_error
+from lightning_rnn.cli import is_setting_error, missing_sweeper, route_lightning_logs_through_hydra, run, setting_error
 from lightning_rnn.data.corpora import CorpusUnavailableError
 from lightning_rnn.layers.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
@@ -104,6 +104,23 @@ def test_a_model_and_data_that_do_not_go_together_are_named(tmp_path, overrides,
     cfg = compose_config(tmp_path, [*overrides, "logger=none", "trainer.max_steps=1"])
     with pytest.raises(ValueError, match=message):
         train.run(cfg)
+
+
+def test_an_optuna_sweep_without_its_plugin_names_the_extra(monkeypatch):
+    import builtins
+
+    assert missing_sweeper(["hparams_search=optuna"]) is None  # installed with the dev extras
+    real_import = builtins.__import__
+
+    def no_optuna(name, *args, **kwargs):
+        if name.startswith("hydra_plugins.hydra_optuna_sweeper"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_optuna)
+    for args in (["hparams_search=optuna"], ["-m", "experiment=optuna_sweep"]):
+        assert 'pip install "lightning_rnn[optuna]"' in missing_sweeper(args)
+    assert missing_sweeper(["trainer.max_steps=3"]) is None
 
 
 def test_train_with_logger_none_keeps_the_default_callbacks(tmp_path):
