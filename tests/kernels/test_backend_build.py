@@ -77,6 +77,24 @@ def test_ninja_is_found_next_to_python_without_an_activated_venv(monkeypatch):
     assert shutil.which("ninja") is not None  # pip's ninja (a dependency) beside this Python
 
 
+def test_a_cached_build_is_imported_without_building_tools(monkeypatch):
+    """No compiler, ninja or write access is needed for a build made earlier (torch's load()
+    wants to write its lock file into the build folder first)."""
+    cpp.load()  # built (or cached) by this process's first use
+
+    def no_build(**kwargs):
+        raise AssertionError("cpp_extension.load called for a cached build")
+
+    monkeypatch.setattr(build, "_built", {})
+    monkeypatch.setattr(build.cpp_extension, "load", no_build)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    module = cpp.load()
+    x, h = torch.randn(6, 3), torch.zeros(2, 4)
+    out = module.gru_forward(x, torch.tensor([2, 2, 2]), h, None, torch.randn(12, 3), torch.randn(12, 4),
+                             None, None, None, False, torch.float32, torch.float32)[0]
+    assert out.shape == (6, 4)
+
+
 def test_auto_picks_compiled_backend_on_cpu():
     assert dispatch.resolve("auto", torch.device("cpu")) == "cpp"
     assert dispatch.available_backends("cpu") == ["cpp", "reference"]

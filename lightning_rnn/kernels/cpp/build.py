@@ -4,13 +4,15 @@ The extension is built with :func:`torch.utils.cpp_extension.load` (ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default: torch's extensions root) under a name that carries
 a hash of every C++/CUDA source and header, the flags, the torch version and the CPU
 model, so an edit or a different machine gets a fresh build and a cached build is
-reused otherwise. Concurrent processes are serialized by torch's file baton in the
-build directory. Any failure becomes :class:`BackendUnavailable` carrying the
+reused otherwise: imported directly, with no compiler, ninja or write access needed (a
+shared, read-only cache works). Concurrent builds are serialized by torch's file baton
+in the build directory. Any failure becomes :class:`BackendUnavailable` carrying the
 compiler's output.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -107,11 +109,20 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
         paths = [CSRC / s for s in sources]
         name = f"lightning_rnn_{tag}_{_fingerprint(paths, cflags + (cuda_cflags or []))}"
         build_dir = _build_root() / name
+        built = build_dir / f"{name}.so"
+        if built.exists() and not (build_dir / "lock").exists():  # built before, no build under way
+            try:
+                module = _import_built(name, built)
+            except ImportError:
+                pass  # e.g. an incomplete file: build again below
+            else:
+                _built[tag] = module
+                return module
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
             _find_ninja()
             _clear_stale_lock(build_dir)
-            if not (build_dir / f"{name}.so").exists():
+            if not built.exists():
                 print(f"lightning_rnn: building the {tag!r} kernels (first use, about a minute) in {build_dir}",
                       file=sys.stderr, flush=True)
             module = cpp_extension.load(
@@ -130,6 +141,18 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
             raise failure from err
         _built[tag] = module
         return module
+
+
+def _import_built(name: str, path: Path) -> ModuleType:
+    """Import an extension built earlier (its folder's name fingerprints every source and
+    flag, so it is current). Needs no write access, no ninja and no compiler: a shared or
+    read-only cache works, where torch's load() would first write its lock file there."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def forget(tag: str) -> None:
