@@ -16,7 +16,9 @@ own implementation (the baseline, and an escape hatch).
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -110,9 +112,19 @@ def resolve(backend: str, device: torch.device) -> str:
                     f"lightning_rnn: the {name!r} backend is unavailable ({_summary(err)}); "
                     "falling back to the slower 'reference' backend.",
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=_caller_level(),
                 )
     return "reference"
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside lightning_rnn and torch (the user's call
+    of the layer), so that the warning points there and can be filtered by module."""
+    inside = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _is_exporting() -> bool:

@@ -39,6 +39,15 @@ def test_auto_warns_once_and_falls_back(broken_cpp):
     assert dispatch.available_backends("cpu") == ["reference"]
 
 
+def test_the_fallback_warning_points_at_the_user_s_call(broken_cpp):
+    from lightning_rnn import FusedLSTM
+
+    layer = FusedLSTM(3, 4)
+    with pytest.warns(RuntimeWarning, match="'cpp' backend is unavailable") as caught:
+        layer(torch.randn(5, 2, 3))  # the layer's forward, through torch's module call
+    assert caught[0].filename == __file__
+
+
 def test_a_build_without_a_compiler_says_so_in_the_warning():
     """The fallback warning keeps the line with the cause ('c++: not found'), not only the
     (long) compile command."""
