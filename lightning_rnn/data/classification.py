@@ -106,13 +106,21 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
     return sequences, [str(label) for label in labels]
 
 
+def _label_order(label: str) -> tuple:
+    """Numbers in numeric order ("2" before "10"), then other labels as text."""
+    try:
+        return (0, float(label), label)
+    except ValueError:
+        return (1, 0.0, label)
+
+
 class SequenceClassificationDataModule(RNNDataModule):
     """Variable-length sequences with one label each, batched padded with ``lengths``
     (the classifier packs them; the ``PackedSequences`` callback may bucket them).
 
     Args:
         path: a ``.csv`` or ``.jsonl`` file (see :func:`read_sequences`); labels are mapped
-            to ids in sorted order. If None, synthetic :func:`sine_frequencies` data.
+            to ids in sorted order (numeric labels by value: "2" before "10"). If None, synthetic :func:`sine_frequencies` data.
         num_samples, num_classes, min_len, max_len: size of the synthetic data.
         val_fraction, test_fraction: random held-out parts (seeded by ``seed``).
     """
@@ -145,7 +153,7 @@ class SequenceClassificationDataModule(RNNDataModule):
             self.classes = [str(i) for i in range(self.num_classes)]
         else:
             sequences, raw_labels = read_sequences(Path(self.path))
-            self.classes = sorted(set(raw_labels))
+            self.classes = sorted(set(raw_labels), key=_label_order)
             labels = torch.tensor([self.classes.index(label) for label in raw_labels])
             self.num_classes = len(self.classes)
         self.num_features = sequences[0].shape[-1]

@@ -70,7 +70,8 @@ class ForecastingDataModule(RNNDataModule):
 
     The series is split chronologically (train, then val, then test) and standardized
     with the training part's mean and standard deviation, so losses are in units of
-    training standard deviations.
+    training standard deviations; after ``setup``, ``mean`` and ``std`` hold them and
+    :meth:`to_data_units` maps predictions back to the data's units.
 
     Args:
         path: a CSV file with a header; ``columns`` picks the features (default: all).
@@ -90,6 +91,14 @@ class ForecastingDataModule(RNNDataModule):
         self.fractions = (val_fraction, test_fraction)
         split_sizes(1, *self.fractions)
         self.num_features: int | None = None  # known after setup
+        self.mean: torch.Tensor | None = None  # (F,) the training part's, after setup
+        self.std: torch.Tensor | None = None
+
+    def to_data_units(self, standardized: torch.Tensor) -> torch.Tensor:
+        """Predictions (or targets) of shape (..., F) from training-std units back to the data's."""
+        if self.mean is None:
+            raise RuntimeError("to_data_units: call setup() first (the training part's statistics come from it)")
+        return standardized * self.std.to(standardized) + self.mean.to(standardized)
 
     def build_datasets(self) -> dict:
         if self.path is None:
@@ -99,7 +108,8 @@ class ForecastingDataModule(RNNDataModule):
         self.num_features = series.shape[1]
         n_train, n_val, _ = split_sizes(len(series), *self.fractions)
         train = series[:n_train]
-        series = (series - train.mean(0)) / train.std(0).clamp_min(1e-8)
+        self.mean, self.std = train.mean(0), train.std(0).clamp_min(1e-8)
+        series = (series - self.mean) / self.std
         parts = {"train": series[:n_train], "val": series[n_train : n_train + n_val],
                  "test": series[n_train + n_val :]}
         need = self.input_len + self.horizon

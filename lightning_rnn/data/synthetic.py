@@ -52,7 +52,8 @@ def copy_memory(num_samples: int, delay: int, num_symbols: int, generator: torch
 
 
 class _SyntheticDataModule(RNNDataModule):
-    """Generates each split once, from its own seeded generator (seed + split index)."""
+    """Generates each split once, from its own seeded generator (3 * seed + split index, so
+    that no two seeds share a split's data: seed 1's training set is not seed 0's test set)."""
 
     def __init__(self, num_train: int, num_val: int, num_test: int, batch_size: int, seed: int):
         super().__init__(batch_size=batch_size)
@@ -67,7 +68,7 @@ class _SyntheticDataModule(RNNDataModule):
     def build_datasets(self) -> dict:
         datasets = {}
         for offset, split in enumerate(SPLITS):
-            generator = torch.Generator().manual_seed(self.seed + offset)
+            generator = torch.Generator().manual_seed(len(SPLITS) * self.seed + offset)
             datasets[split] = DictDataset(**self.generate(self.sizes[split], generator))
         return datasets
 

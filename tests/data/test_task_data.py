@@ -159,3 +159,31 @@ def test_classification_split_left_empty_is_named():
     assert len(data.train_dataloader()) > 0
     with pytest.raises(ValueError, match="val_fraction: 0.1 of 8 sequences leaves the val split empty"):
         data.val_dataloader()
+
+
+def test_forecasting_predictions_map_back_to_the_data_s_units(tmp_path):
+    path = tmp_path / "series.csv"
+    path.write_text("temp\n" + "\n".join(str(10 + 0.5 * i) for i in range(400)) + "\n")
+    data = ForecastingDataModule(path=str(path), input_len=8, horizon=2, val_fraction=0.2, test_fraction=0.2)
+    data.setup()
+    window = data.datasets["test"][0]
+    raw = data.to_data_units(window["targets"])
+    # train: steps 0-239, val 240-319, test 320-399; the first test window's targets are steps 328, 329
+    assert raw[:, 0].tolist() == pytest.approx([10 + 0.5 * 328, 10 + 0.5 * 329], rel=1e-5)
+    assert data.mean.item() == pytest.approx(10 + 0.5 * 119.5)  # the training part's mean, steps 0-239
+
+
+def test_synthetic_seeds_share_no_split():
+    a, b = AddingProblemDataModule(num_train=8, num_val=8, num_test=8, seed=0), \
+        AddingProblemDataModule(num_train=8, num_val=8, num_test=8, seed=1)
+    a.setup(), b.setup()
+    splits = [data.datasets[s].tensors["inputs"] for data in (a, b) for s in ("train", "val", "test")]
+    assert all(not torch.equal(x, y) for i, x in enumerate(splits) for y in splits[i + 1:])
+
+
+def test_numeric_class_labels_sort_by_value(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("sequence,label\n1 2,2\n3 4,10\n5 6,1\n7 8,2\n")
+    data = SequenceClassificationDataModule(path=str(path), val_fraction=0.25, test_fraction=0.25)
+    data.setup()
+    assert data.classes == ["1", "2", "10"]
