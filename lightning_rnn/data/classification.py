@@ -120,7 +120,8 @@ class SequenceClassificationDataModule(RNNDataModule):
 
     Args:
         path: a ``.csv`` or ``.jsonl`` file (see :func:`read_sequences`); labels are mapped
-            to ids in sorted order (numeric labels by value: "2" before "10"). If None, synthetic :func:`sine_frequencies` data.
+            to ids in sorted order (numeric labels by value: "2" before "10"). If None,
+            synthetic :func:`sine_frequencies` data.
         num_samples, num_classes, min_len, max_len: size of the synthetic data.
         val_fraction, test_fraction: random held-out parts (seeded by ``seed``).
     """
