@@ -6,20 +6,14 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning, GradientAccumulationScheduler
 from lightning.pytorch.tuner import Tuner
-from modules_helpers import adam, batches_loader, rnn_factory, tiny_trainer
+from modules_helpers import adam, batches_loader, char_lm, tiny_trainer, token_batches
 
 from lightning_rnn.modules import CharLanguageModel
 
 
-def char_lm(**kwargs):
-    args = dict(vocab="abc", embedding_dim=4, rnn=rnn_factory(), optimizer=adam(), val_sample_length=0)
-    return CharLanguageModel(**{**args, **kwargs})
-
-
-def token_batches(count, rows=4, steps=8):
+def seeded_batches(count):
     torch.manual_seed(0)
-    return [{"inputs": torch.randint(0, 3, (rows, steps)), "targets": torch.randint(0, 3, (rows, steps))}
-            for _ in range(count)]
+    return token_batches(count, rows=4)
 
 
 def test_lr_is_the_optimizer_factory_s_and_setting_it_rebuilds_the_factory():
@@ -37,7 +31,7 @@ def test_lr_find_records_the_losses_and_sets_its_suggestion(tmp_path):
     none: every loss was NaN) and steps its scheduler through the module's optimizer steps."""
     model = char_lm()
     trainer = tiny_trainer(max_epochs=1, default_root_dir=tmp_path)
-    finder = Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(token_batches(30)), num_training=20,
+    finder = Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(30)), num_training=20,
                                     min_lr=1e-4, max_lr=1.0)
     losses, lrs = finder.results["loss"], finder.results["lr"]
     assert len(losses) == 20 and all(loss == loss for loss in losses)  # no NaN
@@ -58,11 +52,11 @@ def test_a_finetuning_callback_freezes_then_adds_the_rnn_with_its_own_learning_r
     model = char_lm(optimizer=functools.partial(torch.optim.SGD, lr=0.5))
     frozen = [p.detach().clone() for p in model.rnn.parameters()]
     trainer = tiny_trainer(max_epochs=1, callbacks=[FreezeThenUnfreeze()])
-    trainer.fit(model, batches_loader(token_batches(2)))
+    trainer.fit(model, batches_loader(seeded_batches(2)))
     assert all(torch.equal(p, q) for p, q in zip(model.rnn.parameters(), frozen))  # frozen in epoch 0
     trainer = tiny_trainer(max_epochs=2, callbacks=[FreezeThenUnfreeze()])
     model = char_lm(optimizer=functools.partial(torch.optim.SGD, lr=0.5))
-    trainer.fit(model, batches_loader(token_batches(2)))
+    trainer.fit(model, batches_loader(seeded_batches(2)))
     groups = [(len(g["params"]), g["lr"]) for g in model.optimizers().optimizer.param_groups]
     assert groups == [(len(list(model.parameters())) - len(frozen), 0.5), (len(frozen), 1e-3)]
     assert not all(torch.equal(p, q) for p, q in zip(model.rnn.parameters(), frozen))
@@ -71,7 +65,7 @@ def test_a_finetuning_callback_freezes_then_adds_the_rnn_with_its_own_learning_r
 def test_gradient_accumulation_scheduler_is_refused_naming_the_module_argument():
     trainer = tiny_trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})])
     with pytest.raises(ValueError, match="GradientAccumulationScheduler: .* accumulate_grad_batches="):
-        trainer.fit(char_lm(), batches_loader(token_batches(2)))
+        trainer.fit(char_lm(), batches_loader(seeded_batches(2)))
 
 
 def test_lightning_cli_checkpoint_loads_and_takes_a_scheduler_class_path(tmp_path):
@@ -90,7 +84,7 @@ def test_lightning_cli_checkpoint_loads_and_takes_a_scheduler_class_path(tmp_pat
 
     class CLI(LightningCLI):
         def fit(self, model, **kwargs):  # no data module in the CLI: the test's batches
-            self.trainer.fit(model, batches_loader(token_batches(2)))
+            self.trainer.fit(model, batches_loader(seeded_batches(2)))
 
     cli = CLI(CharLanguageModel, args=args, save_config_callback=None, subclass_mode_model=False)
     assert isinstance(cli.model.rnn, torch.nn.Module) and type(cli.model.rnn).__name__ == "FusedGRU"

@@ -6,27 +6,10 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from modules_helpers import adam, batches_loader, rnn_factory, tiny_trainer
+from modules_helpers import adam, batches_loader, char_lm, rnn_factory, tiny_trainer, token_batches
 from torch import nn
 
-from lightning_rnn.modules import CharLanguageModel, RNNModule
-
-
-def char_lm(**kwargs):
-    args = dict(vocab="abc", embedding_dim=4, rnn=rnn_factory(), optimizer=adam(), val_sample_length=0)
-    return CharLanguageModel(**{**args, **kwargs})
-
-
-def token_batches(num_batches, rows=2, steps=8, chunk_ids=None):
-    """Batches whose inputs are id ``chunk_ids[c]`` throughout time chunk ``c`` (of 4 steps)."""
-    batches = []
-    for _ in range(num_batches):
-        if chunk_ids is None:
-            inputs = torch.randint(0, 3, (rows, steps))
-        else:
-            inputs = torch.tensor(chunk_ids).repeat_interleave(4).expand(rows, -1).clone()
-        batches.append({"inputs": inputs, "targets": torch.randint(0, 3, (rows, steps))})
-    return batches
+from lightning_rnn.modules import RNNModule
 
 
 class RecordStates(nn.Module):
