@@ -3,6 +3,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 from cli_helpers import REPO
 
@@ -14,16 +16,22 @@ def run(args, cwd, env=None):
     return result
 
 
-def test_wheel_ships_configs_and_recipes(tmp_path):
-    source = tmp_path / "source"  # build from a copy: never write build/ into the working tree
+def copy_source(tmp_path, folders=("lightning_rnn", "conf", "recipes")):
+    """The project's sources in tmp_path/source: builds never write build/ into the working tree."""
+    source = tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "_conf", "*.so", "build")
-    for name in ("lightning_rnn", "conf", "recipes"):
+    for name in folders:
         shutil.copytree(REPO / name, source / name, symlinks=True, ignore=ignore)
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, source / name)
     if not (source / "README.md").exists():
         (source / "README.md").write_text("lightning_rnn\n")
+    return source
+
+
+def test_wheel_ships_configs_and_recipes(tmp_path):
+    source = copy_source(tmp_path)
     # what a CLI run started inside recipes/ (= conf/experiment/) leaves there: not shipped
     for stray in ("outputs/2026-01-01/00-00-00/.hydra/config.yaml", "multirun/2026-01-01/0/config.yaml"):
         (source / "recipes" / stray).parent.mkdir(parents=True)
@@ -45,3 +53,15 @@ def test_wheel_ships_configs_and_recipes(tmp_path):
     job = run([sys.executable, "-m", "lightning_rnn", "experiment=char_shakespeare", "--cfg", "job"], elsewhere, env)
     assert "_target_: lightning_rnn.modules.CharLanguageModel" in job.stdout
     assert "corpus: tiny_shakespeare" in job.stdout
+
+
+def test_sdist_ships_tests_license_configs_and_kernel_sources(tmp_path):
+    source = copy_source(tmp_path, folders=("lightning_rnn", "conf", "recipes", "tests"))
+    build = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    name = run([sys.executable, "-c", build], source).stdout.strip().splitlines()[-1]
+    with tarfile.open(source / "dist" / name) as sdist:
+        files = {Path(*Path(member).parts[1:]).as_posix() for member in sdist.getnames()}
+    for shipped in ("LICENSE", "README.md", "tests/conftest.py", "tests/cli/test_packaging.py",
+                    "conf/config.yaml", "recipes/char_shakespeare.yaml", "lightning_rnn/kernels/csrc"):
+        assert shipped in files or any(f.startswith(shipped + "/") for f in files), shipped
+    assert not any("__pycache__" in f or f.endswith(".so") for f in files)
