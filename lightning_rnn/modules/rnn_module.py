@@ -15,6 +15,7 @@ from torch.utils.data import RandomSampler
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from . import factories
+from .packing import pack_like
 from .state import State, detach_state, state_batch_size
 
 STAGES = ("train", "val", "test")
@@ -75,6 +76,22 @@ def check_lengths(lengths, padded: torch.Tensor) -> torch.Tensor:
     return lengths.long()
 
 
+def real_steps(predictions, targets):
+    """``(predictions, targets)`` as a metric takes them: packed per-step predictions as
+    their rows (``.data``) and the targets packed alike (padded (B, T, ...) ones by
+    :func:`~lightning_rnn.modules.pack_like`), so padding is never scored; others as they are."""
+    if not isinstance(predictions, PackedSequence):
+        return predictions, targets
+    targets = targets if isinstance(targets, PackedSequence) else pack_like(targets, predictions)
+    return predictions.data, targets.data
+
+
+def sequences_in(batch: dict) -> int:
+    """Sequences in ``batch``: its ``lengths``' count where given (packed targets have one
+    row per real step, not per sequence), else the targets' first dimension."""
+    return len(batch["lengths"]) if "lengths" in batch else len(batch["targets"])
+
+
 def reject_tbptt(tbptt_steps, reason: str) -> None:
     """A ValueError for a module whose targets are not per step (``reason`` says why)."""
     if tbptt_steps is not None:
@@ -97,13 +114,18 @@ class RNNModule(LightningModule):
 
     Batches are dicts: ``inputs`` (B, T, ...), ``targets`` and optionally ``lengths`` (B,)
     for padded variable-length inputs (packed before the ``rnn``). ``inputs`` may also
-    arrive already packed (a ``PackedSequence``), e.g. from a callback.
+    arrive already packed (a ``PackedSequence``), e.g. from a callback. Packed inputs give
+    packed features: a per-step head (one through ``TemporalAdapter``) then predicts a
+    ``PackedSequence``, which :meth:`compute_loss` receives as it is (align the padded
+    targets with :func:`~lightning_rnn.modules.pack_like`) and the metrics receive as its
+    real steps' rows, with the targets of those steps.
 
     Extension points, top to bottom (override any of them in a subclass):
 
     - :meth:`encode` ``(inputs, state, lengths) -> (features, state)``: input layer and rnn;
     - :meth:`head` ``(features) -> predictions``;
     - :meth:`compute_loss` ``(predictions, batch) -> loss`` (a scalar, mean over targets);
+    - :meth:`loss_weight` ``(batch) -> int``: how many targets that mean is over;
     - :meth:`build_metrics` and :meth:`derived_metrics`: what is logged besides the loss;
     - :meth:`shared_step` ``(batch, stage, state) -> (loss, predictions, state)``;
     - :meth:`split_batch`: how a batch is cut along time for truncated BPTT.
@@ -230,7 +252,12 @@ class RNNModule(LightningModule):
         return self.head(features), state
 
     def compute_loss(self, predictions, batch: dict) -> torch.Tensor:
-        """Scalar loss of ``predictions`` against ``batch["targets"]``."""
+        """Scalar loss of ``predictions`` against ``batch["targets"]``.
+
+        ``predictions`` are what :meth:`head` returned: a ``PackedSequence`` for a per-step
+        head on packed inputs (a batch with ``lengths``), whose padded targets
+        ``pack_like(batch["targets"], predictions)`` packs alike
+        (:func:`~lightning_rnn.modules.pack_like`)."""
         raise NotImplementedError
 
     # ----- metrics ----------------------------------------------------------------
@@ -248,9 +275,13 @@ class RNNModule(LightningModule):
 
     def loss_weight(self, batch: dict) -> int:
         """How many items the batch's loss averages over, for the means over chunks and
-        epochs: the targets' batch x time entries ((B, T, ...) targets), else B. Override
-        where the loss averages over something else (real tokens of padded batches)."""
+        epochs: the targets' batch x time entries ((B, T, ...) targets), their real steps
+        (packed targets, e.g. ``PackedSequences(pack_keys=["inputs", "targets"])``), else B.
+        Override where the loss averages over something else (the real tokens of padded
+        targets: ``int(batch["lengths"].sum())``)."""
         targets = batch["targets"]
+        if isinstance(targets, PackedSequence):
+            return len(targets.data)
         return targets.shape[:2].numel() if targets.dim() >= 2 else len(targets)
 
     # ----- steps ------------------------------------------------------------------
@@ -261,7 +292,8 @@ class RNNModule(LightningModule):
         getattr(self, f"{stage}_mean_loss").update(loss.detach(), self.loss_weight(batch))
         metrics = getattr(self, f"{stage}_metrics")
         if metrics is not None:
-            metrics.update(predictions.detach(), batch["targets"])
+            scored, targets = real_steps(predictions, batch["targets"])
+            metrics.update(scored.detach(), targets)
         return loss, predictions, state
 
     def split_batch(self, batch: dict) -> list[dict]:
@@ -287,7 +319,7 @@ class RNNModule(LightningModule):
     def _initial_state(self, stage: str, batch: dict) -> State:
         """The state carried from the previous batch of ``stage`` (stateful), else None."""
         state = self._carried.get(stage) if self.hparams.stateful else None
-        return state if state_batch_size(state) == len(batch["targets"]) else None
+        return state if state_batch_size(state) == sequences_in(batch) else None
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
         state = self._initial_state("train", batch)
@@ -311,9 +343,9 @@ class RNNModule(LightningModule):
         # the batch's loss: its chunks' mean, weighted as the epoch mean weighs them; returned
         # (detached) for callbacks that read a step's output, such as Lightning's lr_find
         loss = weighted_loss / weight
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["targets"]))
+        self.log("train/loss", loss, prog_bar=True, batch_size=sequences_in(batch))
         self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss).items()},
-                      batch_size=len(batch["targets"]))
+                      batch_size=sequences_in(batch))
         return loss
 
     def _evaluation_step(self, batch: dict, stage: str) -> None:
