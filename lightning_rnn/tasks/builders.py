@@ -6,14 +6,20 @@ from pathlib import Path
 
 import torch
 from hydra.utils import get_class, instantiate
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
-from ..data import RNNDataModule
+
+def data_model_kwargs(datamodule: LightningDataModule) -> dict:
+    """The constructor arguments the model takes from the data: ``datamodule.model_kwargs()``
+    (as :class:`~lightning_rnn.data.RNNDataModule` gives them), none for a data module
+    without that method (any LightningDataModule: the config gives the model's sizes)."""
+    model_kwargs = getattr(datamodule, "model_kwargs", None)
+    return model_kwargs() if callable(model_kwargs) else {}
 
 
-def build_datamodule(cfg: DictConfig) -> RNNDataModule:
+def build_datamodule(cfg: DictConfig) -> LightningDataModule:
     """``cfg.data`` instantiated, prepared and set up (so its ``model_kwargs`` are known)."""
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
@@ -21,11 +27,11 @@ def build_datamodule(cfg: DictConfig) -> RNNDataModule:
     return datamodule
 
 
-def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
+def build_model(cfg: DictConfig, datamodule: LightningDataModule) -> LightningModule:
     """``cfg.model`` instantiated with the sizes (vocab, input_size, ...) the data gives.
     The run logs the whole resolved config (build_trainer), so the model does not log its
     own hyperparameters too."""
-    given = datamodule.model_kwargs()
+    given = data_model_kwargs(datamodule)
     needed = [k for k in cfg.model if OmegaConf.is_missing(cfg.model, k) and k not in given]
     if needed:
         model = str(cfg.model.get("_target_", "the model")).rsplit(".", 1)[-1]
@@ -34,7 +40,8 @@ def build_model(cfg: DictConfig, datamodule: RNNDataModule) -> LightningModule:
             f"give (it gives {', '.join(given) or 'nothing'}); pick a model and data that go together: "
             "model=char_lm with data=char_python/char_shakespeare/char_file/copy_memory, model=classifier with "
             "data=classification, model=regressor with data=forecasting/adding_problem (an experiment=... "
-            "recipe picks both)"
+            "recipe picks both); with data of your own, set them in the config (model.NAME=...) or give its "
+            "data module a model_kwargs() method that returns them"
         )
     model = instantiate(cfg.model, **given)
     model._log_hyperparams = False  # what save_hyperparameters(logger=False) sets
@@ -92,9 +99,9 @@ def load_model(cfg: DictConfig) -> LightningModule:
     return model
 
 
-def check_model_matches_data(model: LightningModule, datamodule: RNNDataModule) -> None:
+def check_model_matches_data(model: LightningModule, datamodule: LightningDataModule) -> None:
     """A ValueError when the checkpoint was trained on other data (vocab, sizes)."""
-    for name, value in datamodule.model_kwargs().items():
+    for name, value in data_model_kwargs(datamodule).items():
         if model.hparams.get(name) != value:
             raise ValueError(f"ckpt_path: the checkpoint's {name} differs from the data's; "
                              "pass the data settings it was trained with")

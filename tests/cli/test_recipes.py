@@ -358,3 +358,26 @@ def test_lightning_messages_reach_hydra_s_handlers_once():
         assert records.count("`Trainer.fit` stopped") == 1
     finally:
         root.handlers[:], package.handlers[:], package.propagate = saved
+
+
+def test_a_projects_own_configs_and_lightning_datamodule_train(tmp_path):
+    """A project adds its own options to the library's groups with Hydra's search path
+    (``hydra.searchpath=[file://DIR]``, as the README says), and its data module may be any
+    LightningDataModule: one without ``model_kwargs()`` (the CLI called it, an
+    AttributeError) gives the model nothing, and the config gives its sizes."""
+    user_conf = Path(__file__).resolve().parent / "user_conf"
+    cfg = compose_config(tmp_path, [f"hydra.searchpath=[file://{user_conf}]", "experiment=user_classification",
+                                    "trainer.max_steps=4", "trainer.val_check_interval=4", *QUICK])
+    assert cfg.data._target_ == "user_data.PlainSequenceData" and cfg.model.num_classes == 2
+    metric = train.run(cfg)
+    assert metric is not None and math.isfinite(metric)
+
+
+def test_a_plain_datamodule_with_sizes_left_unset_names_how_to_give_them(tmp_path):
+    user_conf = Path(__file__).resolve().parent / "user_conf"
+    cfg = compose_config(tmp_path, [f"hydra.searchpath=[file://{user_conf}]", "data=plain_sequences",
+                                    "model=classifier", "trainer.max_steps=1", *QUICK])
+    with pytest.raises(ValueError, match=r"SequenceClassifier needs input_size, num_classes from the data, which "
+                                         r"PlainSequenceData does not give \(it gives nothing\).*set them in the "
+                                         r"config \(model.NAME=...\) or give its data module a model_kwargs\(\)"):
+        train.run(cfg)
