@@ -160,9 +160,11 @@ class RNNModule(LightningModule):
     batch: the mean over its chunks, weighted by :meth:`loss_weight`.
     """
 
-    #: RNNModule arguments a subclass computes from its own (e.g. ``input_size`` from
-    #: ``embedding_dim``); left out of ``hparams``. (Checkpoints need no such list: they
-    #: keep only what the subclass's own constructor received, see on_save_checkpoint.)
+    #: RNNModule arguments a subclass computes or fixes itself (e.g. ``input_size`` from
+    #: ``embedding_dim``, a pooling); left out of the logged hyperparameters
+    #: (``hparams_initial``). ``hparams`` keeps them, as the modules read them there.
+    #: (Checkpoints keep only what the subclass's own constructor received, see
+    #: on_save_checkpoint; these are left out too where that is not known.)
     derived_arguments: tuple[str, ...] = ()
 
     def __init__(
@@ -193,7 +195,7 @@ class RNNModule(LightningModule):
             raise ValueError(f"accumulate_grad_batches: expected an int >= 1, got {accumulate_grad_batches!r}")
         if not callable(optimizer):
             raise TypeError(f"optimizer: expected a factory optimizer(params), got {optimizer!r}")
-        self.save_hyperparameters(ignore=list(self.derived_arguments))  # the subclass's too
+        self.save_hyperparameters()  # the subclass's too
         # What the most derived class's constructor itself was given: the checkpoint keeps only
         # these, so load_from_checkpoint calls it as the user did (see on_save_checkpoint).
         self._constructor_arguments = _outermost_init_arguments(self, inspect.currentframe())
@@ -393,6 +395,8 @@ class RNNModule(LightningModule):
         description (``rnn: {_target_: ...FusedLSTM, hidden_size: 128, ...}``), not as
         objects a logger cannot write. ``hparams`` keeps the factories themselves."""
         logged = super().hparams_initial
+        for name in self.derived_arguments:
+            logged.pop(name, None)
         for name, value in logged.items():
             if not factories.is_plain(value):
                 try:
@@ -418,6 +422,8 @@ class RNNModule(LightningModule):
         # "_class_path", which load_from_checkpoint needs to rebuild class_path arguments).
         if self._constructor_arguments is not None:
             hparams = {k: v for k, v in hparams.items() if k in self._constructor_arguments or k.startswith("_")}
+        else:
+            hparams = {k: v for k, v in hparams.items() if k not in self.derived_arguments}
         # Factories as plain data, so that torch's weights_only loader (which Lightning's
         # fit/validate/test/predict(ckpt_path=...) use) reads the checkpoint.
         described = []

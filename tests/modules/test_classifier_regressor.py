@@ -164,6 +164,34 @@ def test_bad_batches_are_named(change, message):
         model.shared_step(change(batch), "val")
 
 
+class PairFeatureClassifier(SequenceClassifier):
+    """Base arguments computed and fixed, listed in derived_arguments (as the README says)."""
+
+    derived_arguments = ("input_size", "pooling")
+
+    def __init__(self, num_features: int, **kwargs):
+        super().__init__(input_size=2 * num_features, num_classes=2, pooling="mean", **kwargs)
+
+
+def test_derived_arguments_are_left_out_of_the_logged_hyperparameters_only(tmp_path):
+    """The modules read their arguments from hparams (the pooling, the input size in an
+    error message), which derived_arguments emptied: an AttributeError at the first forward."""
+    model = PairFeatureClassifier(2, rnn=rnn_factory(), optimizer=adam())
+    assert model.hparams.pooling == "mean" and model.hparams.input_size == 4
+    assert not {"input_size", "pooling"} & set(model.hparams_initial)
+    assert {"num_features", "num_classes", "rnn"} <= set(model.hparams_initial)
+    with pytest.raises(ValueError, match=r"inputs: expected floats of shape \(B, T, 4\) or a PackedSequence, "
+                                         r"got torch.float32 of shape \(3, 7\)"):
+        model(torch.zeros(3, 7))
+    inputs = torch.randn(3, 7, 4)
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, batches_loader([{"inputs": inputs, "targets": torch.tensor([0, 1, 1])}]))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    restored = PairFeatureClassifier.load_from_checkpoint(tmp_path / "model.ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(inputs)[0], model.eval()(inputs)[0])
+
+
 def test_lengths_may_be_a_list_and_int32_targets_are_class_ids():
     model = classifier()
     _, batch = variable_batch()
