@@ -37,6 +37,7 @@ class SequenceBatch:
     def from_input(cls, input, batch_first: bool, input_size: int) -> "SequenceBatch":
         if isinstance(input, PackedSequence):
             _check_features(input.data, input_size, "input.data")
+            _check_packed(input)
             return cls(input.data, input.batch_sizes, input.sorted_indices, input.unsorted_indices, "packed")
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a Tensor or PackedSequence, got {type(input).__name__}")
@@ -97,6 +98,31 @@ class SequenceBatch:
         if self.unsorted_indices is not None:
             state = state.index_select(1, self.unsorted_indices)
         return state.squeeze(1) if self.unbatched else state
+
+
+def _check_packed(input: PackedSequence) -> None:
+    """A PackedSequence as pack_padded_sequence/pack_sequence make it: batch_sizes a non-empty
+    1-D int64 CPU tensor of positive, non-increasing sizes summing to the rows of data, and
+    sorted_indices (if any) one per sequence. Checked here, for every backend, so that a
+    hand-built one is named, not met deep in a kernel (or run as another batch)."""
+    bs = input.batch_sizes
+    if bs.dim() != 1 or bs.numel() == 0 or bs.dtype != torch.int64 or bs.device.type != "cpu":
+        raise InputMismatchError(
+            f"input.batch_sizes: expected a non-empty 1-D int64 CPU tensor, got {bs.dtype} of shape "
+            f"{tuple(bs.shape)} on {bs.device}"
+        )
+    sizes = bs.tolist()
+    if sizes[-1] < 1 or any(later > earlier for earlier, later in zip(sizes, sizes[1:])):
+        raise InputMismatchError(f"input.batch_sizes: expected positive, non-increasing sizes, got {sizes}")
+    if input.data.shape[0] != sum(sizes):
+        raise InputMismatchError(
+            f"input.data: expected {sum(sizes)} rows (the sum of input.batch_sizes), got {input.data.shape[0]}"
+        )
+    if input.sorted_indices is not None and tuple(input.sorted_indices.shape) != (sizes[0],):
+        raise InputMismatchError(
+            f"input.sorted_indices: expected one index per sequence, shape ({sizes[0]},), "
+            f"got shape {tuple(input.sorted_indices.shape)}"
+        )
 
 
 def _check_features(x: torch.Tensor, input_size: int, name: str) -> None:

@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the argument; one bad row does not spoil the others."""
 import pytest
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
 from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.kernels.dispatch import available_backends
@@ -140,6 +141,36 @@ def test_gru_given_lstm_state():
     layer = FusedGRU(3, 4)
     with pytest.raises(TypeError, match=r"hx: FusedGRU expects a tensor h_0 of shape \(1, 2, 4\), got a tuple"):
         layer(torch.randn(5, 2, 3), (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+
+
+def _packed(rows: int, batch_sizes, dtype=torch.int64, sorted_indices=None):
+    return PackedSequence(torch.randn(rows, 3), torch.tensor(batch_sizes, dtype=dtype), sorted_indices)
+
+
+@pytest.mark.parametrize(
+    "make_input, match",
+    [
+        (lambda: _packed(6, [1, 2, 3]), r"input.batch_sizes: expected positive, non-increasing sizes, got \[1, 2, 3\]"),
+        (lambda: _packed(4, [2, 0, 2]), r"input.batch_sizes: expected positive, non-increasing sizes, got \[2, 0, 2\]"),
+        (lambda: _packed(6, [3, 2, 1], torch.int32), "input.batch_sizes: expected a non-empty 1-D int64 CPU tensor, "
+                                                     "got torch.int32"),
+        (lambda: _packed(5, [2, 2]), r"input.data: expected 4 rows \(the sum of input.batch_sizes\), got 5"),
+        (lambda: _packed(3, [2, 2]), r"input.data: expected 4 rows \(the sum of input.batch_sizes\), got 3"),
+        (lambda: _packed(4, [2, 2], sorted_indices=torch.tensor([2, 0, 1])),
+         r"input.sorted_indices: expected one index per sequence, shape \(2,\), got shape \(3,\)"),
+    ],
+    ids=["increasing", "empty_step", "int32", "extra_rows", "missing_rows", "sorted_indices"],
+)
+@pytest.mark.parametrize("backend", available_backends("cpu") + ["torch"])
+@pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
+def test_a_malformed_packed_sequence_is_named(layer_class, backend, make_input, match):
+    """A hand-built PackedSequence that pack_padded_sequence could not have made is refused
+    for every backend before any kernel runs (the reference backend ran one with an empty
+    step as another batch, and failed deep inside for the others; torch.nn runs one with
+    extra rows)."""
+    layer = layer_class(3, 4, num_layers=2, backend=backend)
+    with pytest.raises(InputMismatchError, match=match):
+        layer(make_input())
 
 
 def test_from_torch_rejects_other_modules():
