@@ -65,7 +65,9 @@ class GradSink:
         """Add ``grad`` to w's sum (or start it with it) and return None; ``grad`` itself when
         w is not expected (it then goes to autograd as usual). ``owned``: ``grad`` is a fresh
         contiguous tensor nobody else holds (a kernel's result), so later gradients may be
-        added into it in place; any other first gradient is copied before the first addition."""
+        added into it in place; any other first gradient is copied before the first addition.
+        Two weights of one storage (tied) share a sum: a second gradient that is the first one
+        again (the LSTM's one bias gradient for b_ih and b_hh) is added, not taken for the sum."""
         if grad is None:
             return None
         key = _key(w)
@@ -76,8 +78,8 @@ class GradSink:
             self._sums[key] = grad
             if owned:
                 self._owned.add(key)
-        elif total.data_ptr() == grad.data_ptr() and total.shape == grad.shape:
-            pass  # the kernel added into the sum itself (into())
+        elif key in self._owned and total.data_ptr() == grad.data_ptr() and total.shape == grad.shape:
+            pass  # the kernel added into the sum itself (into() hands out owned sums only)
         elif key in self._owned:
             total.add_(grad)
         else:

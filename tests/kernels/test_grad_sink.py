@@ -41,6 +41,18 @@ def test_owned_first_gradient_is_summed_in_place_and_clear_forgets():
     assert sink.take(w) is None
 
 
+def test_the_same_gradient_for_two_tied_weights_counts_twice():
+    """Tied weights (one storage) share a sum; a gradient handed for both (the LSTM returns
+    one bias gradient for b_ih and b_hh) is the sum of both, not taken for the kernel's
+    in-place addition."""
+    w = torch.randn(4, requires_grad=True)
+    sink = GradSink()
+    sink.expect([w, w])
+    g = torch.ones(4)
+    assert sink.keep(w.detach(), g) is None and sink.keep(w.detach(), g) is None
+    assert torch.equal(sink.take(w), torch.full((4,), 2.0)) and torch.equal(g, torch.ones(4))
+
+
 def test_frozen_weights_are_not_expected():
     w = torch.randn(2, 2)  # requires_grad False
     sink = GradSink()

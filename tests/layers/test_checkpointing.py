@@ -310,3 +310,20 @@ def test_one_layer_called_twice_in_one_graph(backend):
         grads.append([p.grad.clone() for p in layer.parameters()])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("tied", [("bias_ih_l0", "bias_hh_l0"), ("weight_ih_l1", "weight_hh_l1")], ids=["biases", "weights"])
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tied_weights_get_both_gradients(backend, cell, tied):
+    """Two weights of a layer tied to one Parameter: checkpointed chunks give it the sum of
+    both uses, as torch.nn does (the LSTM's tied biases got one of the two)."""
+    reference = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell](H, H, num_layers=2, dtype=torch.float64)
+    layer = CELLS[cell].from_torch(reference, backend=backend)
+    layer.checkpoint_chunk_size = 3
+    for module in (reference, layer):
+        setattr(module, tied[1], getattr(module, tied[0]))
+    x = torch.randn(T, B, H, dtype=torch.float64)
+    grads = [torch.autograd.grad(m(x)[0].square().sum(), list(m.parameters())) for m in (layer, reference)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
