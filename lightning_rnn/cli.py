@@ -35,12 +35,24 @@ def run(cfg: DictConfig):
     task = instantiate(cfg.task)  # imports the task's module, and with it Lightning
     route_lightning_logs_through_hydra()
     try:
-        return task(cfg)
+        result = task(cfg)
     except Exception as err:
+        finish_wandb_run(exit_code=1)
         cause = setting_error(err)
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or cause is None:
             raise
         raise SystemExit(f"Error: {cause}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+    finish_wandb_run(exit_code=0)
+    return result
+
+
+def finish_wandb_run(exit_code: int) -> None:
+    """End the wandb run a task's WandbLogger started (Lightning leaves it open), so the
+    next job of a multirun starts a run of its own: WandbLogger reuses a run in progress,
+    which logged every job of a sweep into the first job's run."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)
 
 
 def setting_error(err: BaseException) -> BaseException | None:

@@ -81,8 +81,14 @@ def test_default_config_is_the_char_python_recipe(tmp_path):
     assert cfg.model.rnn._target_ == "lightning_rnn.layers.FusedLSTM"
     assert cfg.data.corpus == "python_stdlib" and cfg.data.path is None
     assert OmegaConf.is_missing(cfg.model, "vocab")  # filled from the data at run time
-    assert cfg.logger.wandb.offline is True
+    assert cfg.logger.wandb.mode == os.environ.get("WANDB_MODE", "offline")  # offline unless WANDB_MODE says
     assert cfg.trainer.default_root_dir == str(tmp_path)
+
+
+def test_the_wandb_logger_takes_a_run_id_to_log_into(tmp_path):
+    """logger.wandb.id=ID continues run ID (a resumed training run), without Hydra's `+`."""
+    cfg = compose_config(tmp_path, ["logger.wandb.id=abc123", "logger.wandb.mode=disabled"])
+    assert instantiate(cfg.logger.wandb)._id == "abc123"
 
 
 def test_data_configs_instantiate(tmp_path, small_text):

@@ -240,6 +240,37 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     assert len(content["data"][0][1]) == 20  # val_sample_length characters, the first drawn uniformly
 
 
+def test_each_job_of_a_multirun_logs_to_a_wandb_run_of_its_own(hydra_sweep_runner, tmp_path, monkeypatch):
+    """WandbLogger reuses a wandb run in progress: unless each job ends its run, the second
+    job of `-m seed=1,2` logged into the first job's run and wrote no wandb folder."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    overrides = ["seed=1,2", "data.batch_size=4", "data.seq_len=8", "trainer.max_steps=1",
+                 "trainer.limit_val_batches=0", "model.rnn.hidden_size=8", "model.rnn.num_layers=1",
+                 "model.val_sample_length=0", "model.rnn.backend=reference", "callbacks=none"]
+    with hydra_sweep_runner(calling_file=None, calling_module="lightning_rnn.cli", task_function=run,
+                            config_path=str(CONF), config_name="config", overrides=overrides,
+                            temp_dir=tmp_path / "sweep"):  # removed on exit
+        runs = [sorted((tmp_path / "sweep" / job / "wandb").glob("offline-run-*")) for job in ("0", "1")]
+    assert [len(r) for r in runs] == [1, 1]
+    assert runs[0][0].name.rsplit("-", 1)[1] != runs[1][0].name.rsplit("-", 1)[1]  # two run ids
+    assert wandb.run is None
+
+
+@pytest.mark.parametrize("mode, files", [("disabled", False), ("offline", True)])
+def test_the_wandb_logger_follows_wandb_mode(tmp_path, monkeypatch, mode, files):
+    """WANDB_MODE picks the mode of logger=wandb (Lightning's offline=true overrode it:
+    WANDB_MODE=disabled still wrote an offline run)."""
+    monkeypatch.setenv("WANDB_MODE", mode)
+    cfg = compose_config(tmp_path, ["trainer.max_steps=1", "trainer.limit_val_batches=0", "data.batch_size=4",
+                                    "data.seq_len=8", "model.rnn.hidden_size=8", "model.rnn.num_layers=1",
+                                    "model.val_sample_length=0", "model.rnn.backend=reference", "callbacks=none",
+                                    "task=train"])
+    run(cfg)
+    assert any((tmp_path / "wandb").glob("offline-run-*")) is files
+
+
 def test_optuna_sweep_returns_the_optimized_metric(hydra_sweep_runner, tmp_path):
     overrides = ["experiment=optuna_sweep", "hydra.sweeper.n_trials=2", f"output_dir={tmp_path}", "data.batch_size=4",
                  "data.seq_len=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
