@@ -10,6 +10,8 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
+from ..modules import factories
+
 
 def data_model_kwargs(datamodule: LightningDataModule) -> dict:
     """The constructor arguments the model takes from the data: ``datamodule.model_kwargs()``
@@ -91,12 +93,25 @@ def check_checkpoint_fits(checkpoint: dict, model: LightningModule) -> None:
 def load_model(cfg: DictConfig) -> LightningModule:
     """The model saved in ``cfg.ckpt_path``: the class the checkpoint names (an RNNModule
     stores it), else ``cfg.model._target_``. Read with torch's ``weights_only`` loader:
-    checkpoints hold the factories as plain data (:mod:`lightning_rnn.modules.factories`)."""
-    saved = check_checkpoint_file(cfg, required=True).get("lightning_rnn_class")
-    model_class = get_class(saved or cfg.model._target_)
-    model = model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu")
+    checkpoints hold the factories as plain data (:mod:`lightning_rnn.modules.factories`).
+    Every setting comes from the checkpoint but the layer's kernel backend (:func:`backend_override`)."""
+    checkpoint = check_checkpoint_file(cfg, required=True)
+    model_class = get_class(checkpoint.get("lightning_rnn_class") or cfg.model._target_)
+    model = model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", **backend_override(cfg, checkpoint))
     model._log_hyperparams = False  # the run logs its config (build_trainer)
     return model
+
+
+def backend_override(cfg: DictConfig, checkpoint: dict) -> dict:
+    """``{"rnn": factory}``: the checkpoint's rnn factory with ``cfg.model.rnn.backend``, which
+    says how to run the weights, not what they learned (a checkpoint trained with
+    ``backend=cuda`` samples on a CPU with the default ``auto``, and ``model.rnn.backend=...``
+    is not ignored); ``{}`` when the checkpoint holds no such factory description."""
+    rnn = (checkpoint.get("hyper_parameters") or {}).get("rnn")
+    backend = OmegaConf.select(cfg, "model.rnn.backend")
+    if backend is None or not isinstance(rnn, dict) or "backend" not in rnn:
+        return {}
+    return {"rnn": factories.rebuild({**rnn, "backend": backend})}
 
 
 def check_model_matches_data(model: LightningModule, datamodule: LightningDataModule) -> None:

@@ -15,6 +15,7 @@ from lightning_rnn.cli import is_setting_error, missing_sweeper, route_lightning
 from lightning_rnn.data.corpora import CorpusUnavailableError
 from lightning_rnn.layers.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
+from lightning_rnn.tasks.builders import load_model
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 
@@ -144,19 +145,39 @@ def test_sample_names_the_model_class_of_any_checkpoint(tmp_path):
         sample.run(cfg)
 
 
+def save_untrained_checkpoint(cfg, path):
+    """A checkpoint of the model ``cfg`` builds, saved as Lightning would (no training); its path."""
+    from lightning_rnn.tasks.builders import build_datamodule, build_model
+    model = build_model(cfg, build_datamodule(cfg))
+    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
+                  "pytorch-lightning_version": "2.6.0"}
+    model.on_save_checkpoint(checkpoint)  # the factories as plain data
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_checkpoint_tasks_run_the_layers_on_the_configured_backend(tmp_path, capsys):
+    """The kernel backend is how to run the weights, not part of them: a checkpoint trained
+    with backend=cuda samples on a CPU with model.rnn.backend=reference (the override was
+    ignored, and the saved 'cuda' failed: no GPU)."""
+    small = ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4", "data.seq_len=8",
+             "model.val_sample_length=0", "logger=none", "callbacks=none"]
+    cfg = compose_config(tmp_path, [*small, "model.rnn.backend=cuda"])
+    ckpt = save_untrained_checkpoint(cfg, tmp_path / "gpu.ckpt")
+    cfg = compose_config(tmp_path, [*small, "task=sample", f"ckpt_path={ckpt}", "sample.length=5",
+                                    "model.rnn.backend=reference"])
+    assert len(sample.run(cfg)) == 1 + 5  # the default start text "\n", then 5 characters
+    model = load_model(cfg)
+    assert model.rnn.backend == "reference" and model.hparams.rnn.keywords["backend"] == "reference"
+    assert model.hparams.rnn.keywords["hidden_size"] == 8  # the rest from the checkpoint
+
+
 def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
                                     "data.seq_len=8", "model.val_sample_length=0", "model.rnn.backend=reference",
                                     "logger=none", "callbacks=none", "trainer.max_steps=1", "trainer.limit_val_batches=0"])
     train.run(cfg)
-    # fast_dev_run saves no checkpoint; save one by hand from a fresh build
-    from lightning_rnn.tasks.builders import build_datamodule, build_model
-    model = build_model(cfg, build_datamodule(cfg))
-    ckpt = tmp_path / "model.ckpt"
-    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
-                  "pytorch-lightning_version": "2.6.0"}
-    model.on_save_checkpoint(checkpoint)  # the factories as plain data
-    torch.save(checkpoint, ckpt)
+    ckpt = save_untrained_checkpoint(cfg, tmp_path / "model.ckpt")  # fast_dev_run saves none
     other = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", "data=char_file", f"data.path={small_text}",
                                       *QUICK])
     with pytest.raises(ValueError, match="ckpt_path: the checkpoint's vocab differs"):
