@@ -65,11 +65,13 @@ def setting_error(err: BaseException) -> BaseException | None:
 
 def is_setting_error(err: BaseException) -> bool:
     """A mandatory config value left unset, a built-in corpus that cannot be fetched
-    offline, or a setting error raised by this package's own checks (the innermost frame
-    is in ``lightning_rnn``), not by a library or a bug elsewhere."""
+    offline, a kernel backend asked for that cannot run here (``model.rnn.backend=cuda``
+    without a GPU), or a setting error raised by this package's own checks (the innermost
+    frame is in ``lightning_rnn``), not by a library or a bug elsewhere."""
     from .data.corpora import CorpusUnavailableError  # here: importing data imports Lightning
+    from .kernels.dispatch import BackendUnavailable
 
-    if isinstance(err, (MissingMandatoryValue, CorpusUnavailableError)):
+    if isinstance(err, (MissingMandatoryValue, CorpusUnavailableError, BackendUnavailable)):
         return True
     if not isinstance(err, SETTING_ERRORS) or err.__traceback__ is None:
         return False

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from lightning_rnn.cli import is_setting_error, missing_sweeper, route_lightning_logs_through_hydra, run, setting_error
 from lightning_rnn.data.corpora import CorpusUnavailableError
+from lightning_rnn.kernels.dispatch import BackendUnavailable
 from lightning_rnn.layers.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
 from lightning_rnn.tasks.builders import load_model
@@ -368,6 +369,7 @@ def _raise_here(error):
     (lambda: _raise_here(RuntimeError("a kernel failure")), False),
     (lambda: OmegaConf.create({"path": "???"}).path, True),  # a mandatory value left unset
     (lambda: _raise_here(CorpusUnavailableError("offline: pass data.path=...")), True),
+    (lambda: _raise_here(BackendUnavailable("the 'cuda' backend needs a GPU and nvcc")), True),
 ])
 def test_which_errors_are_setting_errors(make_error, expected):
     with pytest.raises(Exception) as info:
