@@ -122,15 +122,19 @@ def check_model_matches_data(model: LightningModule, datamodule: LightningDataMo
                              "pass the data settings it was trained with")
 
 
-def build_trainer(cfg: DictConfig) -> Trainer:
+def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Trainer:
     """``cfg.trainer`` with the callbacks of ``cfg.callbacks`` and loggers of ``cfg.logger``;
-    the resolved config is logged as the run's hyperparameters."""
+    the resolved config is logged as the run's hyperparameters, its ``model`` replaced by the
+    settings of ``loaded`` (a model read from ``ckpt_path``, which ``cfg.model`` did not build)."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
     if not loggers:  # logger=none: nothing for a LearningRateMonitor to log to (Lightning refuses it)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    if loaded is not None:
+        resolved["model"] = {"_target_": f"{type(loaded).__module__}.{type(loaded).__qualname__}",
+                             **loaded.hparams_initial}
     for logger in trainer.loggers:
         logger.log_hyperparams(resolved)
     return trainer

@@ -11,5 +11,5 @@ def run(cfg: DictConfig) -> dict[str, float]:
     model = load_model(cfg)
     datamodule = build_datamodule(cfg)
     check_model_matches_data(model, datamodule)
-    (metrics,) = build_trainer(cfg).test(model, datamodule=datamodule)
+    (metrics,) = build_trainer(cfg, loaded=model).test(model, datamodule=datamodule)
     return metrics

@@ -173,6 +173,23 @@ def test_checkpoint_tasks_run_the_layers_on_the_configured_backend(tmp_path, cap
     assert model.hparams.rnn.keywords["hidden_size"] == 8  # the rest from the checkpoint
 
 
+def test_test_task_logs_the_checkpoint_s_model_settings(tmp_path):
+    """The test run's logged config describes the model it evaluated (it logged the default
+    model config, hidden_size 128, whatever the checkpoint held)."""
+    small = ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4", "data.seq_len=8",
+             "model.val_sample_length=0", "model.rnn.backend=reference", "callbacks=none"]
+    ckpt = save_untrained_checkpoint(compose_config(tmp_path, [*small, "logger=none"]), tmp_path / "model.ckpt")
+    cfg = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", "logger=csv", "callbacks=none",
+                                    "trainer.limit_test_batches=1"])
+    assert cfg.model.rnn.hidden_size == 128
+    test.run(cfg)
+    (hparams,) = tmp_path.glob("csv/version_*/hparams.yaml")
+    logged = yaml.safe_load(hparams.read_text())["model"]
+    assert logged["_target_"] == "lightning_rnn.modules.char_lm.CharLanguageModel"
+    assert (logged["rnn"]["hidden_size"], logged["rnn"]["num_layers"]) == (8, 1)
+    assert logged["rnn"]["backend"] == "auto"  # the run's backend (backend_override)
+
+
 def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
                                     "data.seq_len=8", "model.val_sample_length=0", "model.rnn.backend=reference",
