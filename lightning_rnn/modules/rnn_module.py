@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
-from torch.utils.data import RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from . import factories
@@ -628,13 +628,16 @@ PLATEAU_METRIC = "val/loss"
 
 def _shuffles(loader) -> bool:
     """Whether a DataLoader draws its items in random order, or regroups them by length
-    (the PackedSequences callback's bucketing)."""
+    (the PackedSequences callback's bucketing). Under DDP Lightning has replaced a
+    shuffling sampler with a ``DistributedSampler(shuffle=True)``."""
     from ..callbacks.length_bucketing import LengthBucketBatchSampler
 
-    sampler = getattr(loader, "sampler", None)
+    def random(sampler) -> bool:
+        return isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
+
     batch_sampler = getattr(loader, "batch_sampler", None)
-    return (isinstance(sampler, RandomSampler) or isinstance(batch_sampler, LengthBucketBatchSampler)
-            or isinstance(getattr(batch_sampler, "sampler", None), RandomSampler))
+    return (random(getattr(loader, "sampler", None)) or isinstance(batch_sampler, LengthBucketBatchSampler)
+            or random(getattr(batch_sampler, "sampler", None)))
 
 
 def _on_plateau(scheduler) -> bool:

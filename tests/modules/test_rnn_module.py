@@ -175,6 +175,20 @@ def test_stateful_training_on_a_shuffling_loader_warns():
         tiny_trainer(max_epochs=1).fit(char_lm(stateful=True), batches_loader(batches))  # in order: no warning
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_stateful_training_warns_on_the_sampler_ddp_puts_in_a_shuffling_loader(shuffle):
+    """Under DDP Lightning replaces a shuffling loader's sampler with DistributedSampler(shuffle=True)
+    (the rank's shard of one process's loader, given here explicitly: no process group needed)."""
+    batches = token_batches(4)
+    sampler = torch.utils.data.DistributedSampler(batches, num_replicas=2, rank=0, shuffle=shuffle)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_trainer(max_epochs=1).fit(char_lm(stateful=True),
+                                       torch.utils.data.DataLoader(batches, batch_size=None, sampler=sampler))
+    warned = [w for w in caught if "stateful=True" in str(w.message)]
+    assert len(warned) == (1 if shuffle else 0)
+
+
 def test_cosine_schedule_without_a_step_count_is_an_error():
     """T_max follows trainer.max_steps on the command line: -1 in a run bounded by epochs."""
     scheduler = functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=-1)
