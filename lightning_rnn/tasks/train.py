@@ -23,9 +23,10 @@ def run(cfg: DictConfig) -> float | None:
     model = build_model(cfg, datamodule)
     if checkpoint is not None:  # resuming: the same model and data settings
         check_checkpoint_fits(checkpoint, model)
-    if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
-        datamodule.test_dataloader()
     trainer = build_trainer(cfg)
+    if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
+        datamodule.trainer = trainer  # the batch it needs: one per process (DDP), as in the test run
+        datamodule.test_dataloader()
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.is_global_zero:  # once, not once per process
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:

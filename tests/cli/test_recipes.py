@@ -9,6 +9,7 @@ import torch
 import yaml
 from cli_helpers import CONF, QUICK, compose_config
 from hydra.errors import InstantiationException
+from lightning.pytorch import Trainer
 from omegaconf import OmegaConf
 
 from lightning_rnn.cli import is_setting_error, missing_sweeper, route_lightning_logs_through_hydra, run, setting_error
@@ -245,14 +246,19 @@ def test_resuming_with_other_model_settings_is_named_before_lightning_loads(tmp_
     check_checkpoint_fits({"state_dict": large.state_dict()}, large)
 
 
-def test_a_test_split_too_small_for_a_batch_ends_the_run_before_training(tmp_path, small_text, monkeypatch):
+@pytest.mark.parametrize("batch_size, processes", [(20, 1), (6, 2)])
+def test_a_test_split_too_small_for_a_batch_ends_the_run_before_training(tmp_path, small_text, monkeypatch,
+                                                                          batch_size, processes):
     """test_after_training with a test split shorter than one batch: named at the start (it
-    was found after training, with a message naming neither the split nor a setting)."""
-    monkeypatch.setattr(train, "build_trainer", lambda cfg: pytest.fail("a Trainer was built"))
-    cfg = compose_config(tmp_path, ["data=char_file", f"data.path={small_text}", "data.batch_size=20",
+    was found after training, with a message naming neither the split nor a setting). Under
+    DDP each process needs its own batch: 1074 characters hold 6 streams of 100, not 2 x 6."""
+    monkeypatch.setattr(Trainer, "fit", lambda *args, **kwargs: pytest.fail("training started"))
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu"] if processes > 1 else []
+    cfg = compose_config(tmp_path, ["data=char_file", f"data.path={small_text}", f"data.batch_size={batch_size}",
                                     "data.seq_len=100", "data.test_fraction=0.05", "test_after_training=true",
-                                    "model.rnn.backend=reference", "logger=none"])
-    with pytest.raises(ValueError, match="seq_len: the test split has 1074 characters, too few") as caught:
+                                    "model.rnn.backend=reference", "logger=none", *ddp])
+    with pytest.raises(ValueError, match="seq_len: the test split has 1074 characters, too few for one batch of "
+                                         f"batch_size={batch_size}{' x 2 processes' * (processes > 1)} ") as caught:
         train.run(cfg)
     assert is_setting_error(caught.value)
 
