@@ -343,7 +343,12 @@ class RNNModule(LightningModule):
         if not weight:
             return None
         # the batch's loss: its chunks' mean, weighted as the epoch mean weighs them; returned
-        # (detached) for callbacks that read a step's output, such as Lightning's lr_find
+        # (detached) for callbacks that read a step's output, such as Lightning's lr_find.
+        # Under DDP the mean over every process's rows (the global batch's loss), before the
+        # derived metrics are computed from it: each process alone holds only its shard's.
+        if self.trainer.world_size > 1:
+            totals = torch.stack([weighted_loss, torch.tensor(weight).to(weighted_loss)])
+            weighted_loss, weight = self.trainer.strategy.reduce(totals, reduce_op="sum").unbind()
         loss = weighted_loss / weight
         self.log("train/loss", loss, prog_bar=True, batch_size=sequences_in(batch))
         self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(loss).items()},

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli
 
-#: A tiny char LM: 4 optimizer steps, validation after steps 2 and 4.
+#: A tiny char LM: 4 optimizer steps, each logged, validation after steps 2 and 4.
 TINY = ["model.rnn.hidden_size=16", "model.rnn.num_layers=1", "model.embedding_dim=8", "model.val_sample_length=0",
         "model.rnn.backend=reference", "data.seq_len=16", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=2", "logger=csv"]
+        "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "logger=csv"]
 
 
 def run_dir(cwd: Path, kind="outputs") -> Path:
@@ -17,11 +17,11 @@ def run_dir(cwd: Path, kind="outputs") -> Path:
     return directory
 
 
-def val_losses(directory: Path) -> dict[int, float]:
-    """logged step -> val/loss from the run's CSV log."""
+def logged_values(directory: Path, metric="val/loss") -> dict[int, float]:
+    """logged step -> value of ``metric`` in the run's CSV log."""
     (metrics,) = directory.glob("csv/version_*/metrics.csv")
     with metrics.open() as f:
-        return {int(row["step"]): float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")}
+        return {int(row["step"]): float(row[metric]) for row in csv.DictReader(f) if row.get(metric)}
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,19 @@ def one_process_run(tmp_path_factory):
     return run_dir(cwd)
 
 
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """The ddp_cpu experiment: 2 processes, 4 streams each (the same global batch); its run directory."""
+    cwd = tmp_path_factory.mktemp("ddp")
+    result = run_cli(["experiment=ddp_cpu", *TINY, "data.batch_size=4", "callbacks=none"], cwd, timeout=180)
+    assert (result.stdout + result.stderr).count("final metrics:") == 1  # rank 0 reports, not every process
+    return run_dir(cwd)
+
+
 def test_train_writes_checkpoint_and_logs_under_the_hydra_output_dir(one_process_run):
     assert (one_process_run / "checkpoints" / "last.ckpt").is_file()
     assert (one_process_run / ".hydra" / "config.yaml").is_file()
-    assert len(val_losses(one_process_run)) == 2  # validated twice
+    assert len(logged_values(one_process_run)) == 2  # validated twice
 
 
 def test_sample_prints_only_the_generated_text(one_process_run, tmp_path):
@@ -45,12 +54,13 @@ def test_sample_prints_only_the_generated_text(one_process_run, tmp_path):
     assert result.stdout.startswith("def") and len(result.stdout) == 3 + 30 + 1
 
 
-def test_ddp_on_two_cpu_processes_matches_one_process(one_process_run, tmp_path):
-    """2 processes x 4 streams reproduce 1 process x 8 streams: same val/loss after each update."""
-    result = run_cli(["experiment=ddp_cpu", *TINY, "data.batch_size=4", "callbacks=none"], tmp_path, timeout=180)
-    assert (result.stdout + result.stderr).count("final metrics:") == 1  # rank 0 reports, not every process
-    two = val_losses(run_dir(tmp_path))
-    one = val_losses(one_process_run)
-    assert sorted(two) == sorted(one) and len(one) == 2
+@pytest.mark.parametrize("metric, logged", [("val/loss", 2), ("train/loss", 4), ("train/ppl", 4)])
+def test_ddp_on_two_cpu_processes_matches_one_process(one_process_run, ddp_run, metric, logged):
+    """2 processes x 4 streams reproduce 1 process x 8 streams: same val/loss after each update,
+    and the same train/loss (and metrics derived from it) at each step: the global batch's, not
+    rank 0's 4 streams."""
+    two = logged_values(ddp_run, metric)
+    one = logged_values(one_process_run, metric)
+    assert sorted(two) == sorted(one) and len(one) == logged
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5)
