@@ -157,7 +157,8 @@ class RNNModule(LightningModule):
     counts optimizer steps, one per chunk, while ``log_every_n_steps`` and
     ``val_check_interval`` count batches; ``every_n_train_steps`` is checked once per
     batch, so give it a multiple of the chunks per batch. ``train/loss`` is logged once per
-    batch: the mean over its chunks, weighted by :meth:`loss_weight`.
+    batch: the mean over its chunks, weighted by :meth:`loss_weight` (under DDP, over every
+    process's rows: the global batch's loss).
     """
 
     #: RNNModule arguments a subclass computes or fixes itself (e.g. ``input_size`` from
