@@ -40,11 +40,12 @@ def autocast_off(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def compute_input(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def compute_input(x: torch.Tensor, weight: torch.Tensor, precision: Precision | None = None) -> torch.Tensor:
     """x in the dtype a kernel computes in, contiguous: the kernel then saves its own input.
 
     The cast runs outside the kernel's autograd.Function, recorded by autograd, so what
     the Function saves for backward is connected to the graph; a backward with
     create_graph=True differentiates through it (see :mod:`.differentiable`).
     """
-    return x.to(Precision.for_call(x, weight).compute).contiguous()
+    precision = precision or Precision.for_call(x, weight)  # the caller's, where it has it
+    return x.to(precision.compute).contiguous()

@@ -1,5 +1,7 @@
 """Every compiled backend against the reference backend (float64, exact math),
 plus gradcheck of the compiled Functions."""
+import contextlib
+
 import pytest
 import torch
 
@@ -126,6 +128,62 @@ def test_non_contiguous_inputs(backend, device):
     got = kernels.lstm(x_wide, bs, h0, c0, w_ih, w_hh_t, b_ih, b_hh, rev)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+_NO_GRAPH = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "frozen": contextlib.nullcontext,  # grad mode on, but no tensor requires grad
+}
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("mode", list(_NO_GRAPH))
+@pytest.mark.parametrize("cell, P", [("lstm", None), ("lstm", 2), ("gru", None)], ids=["lstm", "lstm_proj", "gru"])
+def test_forward_without_graph_skips_the_function(cell, P, mode, backend, device, monkeypatch):
+    """Where nothing needs a gradient (generation token by token under no_grad), the kernel
+    runs without an autograd node (its Python overhead exceeded a one-step kernel), with
+    exactly the outputs of the Function."""
+    kernels = kernels_for(backend)
+    args = make_args(cell, [3, 2, 2], H=5, P=P, reverse=True, dtype=torch.float32, device=device)
+    want = _call(kernels, cell)(*args)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def refused(*_):
+        raise AssertionError("the autograd.Function ran without a gradient to record")
+
+    monkeypatch.setattr(kernels.LSTMFunction if cell == "lstm" else kernels.GRUFunction, "apply", refused)
+    with _NO_GRAPH[mode]():
+        got = _call(kernels, cell)(*detached)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.grad_fn is None and torch.equal(g, w.detach())
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_forward_without_graph_under_autocast(backend, device):
+    """The graph-free path casts as the Function does under autocast (bf16 GEMMs, fp32 states)."""
+    kernels = kernels_for(backend)
+    args = make_args("lstm", [3, 3], H=5, dtype=torch.float32, device=device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        want = kernels.lstm(*args)
+        with torch.no_grad():
+            got = kernels.lstm(*args)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w.detach())
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_forward_mode_ad_is_refused_under_no_grad(backend, device):
+    """Dual tensors (forward-mode AD, which the Functions do not implement) still get
+    torch's error under no_grad, rather than outputs silently missing their tangents."""
+    import torch.autograd.forward_ad as fwAD
+
+    kernels = kernels_for(backend)
+    x, *rest = [a.detach() if isinstance(a, torch.Tensor) else a for a in make_args("gru", [2, 2], device=device)]
+    with torch.no_grad(), fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match="jvp"):
+            kernels.gru(fwAD.make_dual(x, torch.ones_like(x)), *rest)
 
 
 def _recast(args, dtype, weight_scale, weights=(-5, -4)):

@@ -19,6 +19,8 @@ from types import ModuleType
 from typing import Callable
 
 import torch
+from torch.autograd import forward_ad
+
 from .. import differentiable, reference
 from ..grad_sink import GradSink
 from ..precision import Precision, autocast_off, compute_input
@@ -49,10 +51,9 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
         c0 = states[1] if num_states == 2 else None
         w_hr = rest[0] if rest else None
         p = Precision.for_call(x, w_ih)
-        with autocast_off(x.device):
-            out, h_n, c_n, gates, x_c = getattr(get_ext(), f"{cell}_forward")(
-                x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state
-            )
+        out, h_n, c_n, gates, x_c = _run_forward(
+            get_ext, cell, p, x, batch_sizes, states[0], c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse
+        )
         ctx.batch_sizes, ctx.reverse, ctx.state = batch_sizes, bool(reverse), p.state
         ctx.bias_dtype, ctx.num_inputs, ctx.x_is_input = _bias_dtype(b_ih), 2 + len(args), x_c is x
         ctx.save_for_backward(x_c, gates, *states, w_ih, w_hh, b_ih, b_hh, w_hr)
@@ -86,24 +87,54 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
     return type(f"{cell.upper()}Function", (torch.autograd.Function,), members)
 
 
+def _run_forward(get_ext, cell: str, p: Precision, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
+    """The extension's forward: ``(out, h_n, c_n, gates, x_c)`` (c_n None for the GRU).
+    Autocast is switched off around it only where it is on (entering the context costs
+    about as much as a one-step call's pointwise work)."""
+    run = getattr(get_ext(), f"{cell}_forward")
+    args = (x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state)
+    if not torch.is_autocast_enabled(x.device.type):
+        return run(*args)
+    with autocast_off(x.device):
+        return run(*args)
+
+
+def _needs_function(*tensors) -> bool:
+    """Whether a call must run through the autograd.Function: grad mode is on and a tensor
+    requires grad, or forward-mode AD is active (the Function refuses its dual tensors with
+    a clear error, where a bare call would drop their tangents)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return True
+    return getattr(forward_ad, "_current_level", 0) >= 0
+
+
 def make_functions(get_ext: Callable[[], ModuleType]):
-    """Returns ``(LSTMFunction, GRUFunction, lstm, gru)`` running the extension ``get_ext()`` loads."""
+    """Returns ``(LSTMFunction, GRUFunction, lstm, gru)`` running the extension ``get_ext()`` loads.
+
+    ``lstm``/``gru`` run the extension directly, without an autograd node, where nothing
+    needs a gradient (inference, ``no_grad``, frozen layers): the node, its saved tensors
+    and the autocast context cost more than the kernel itself in a one-step call
+    (token-by-token generation).
+    """
     LSTMFunction = _cell_function("lstm", 2, get_ext)
     GRUFunction = _cell_function("gru", 1, get_ext)
 
-    def supported(x, w_ih) -> bool:
-        p = Precision.for_call(x, w_ih)
-        return (p.compute, p.state) in _SUPPORTED
-
     def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
-        if not supported(x, w_ih):
+        p = Precision.for_call(x, w_ih)
+        if (p.compute, p.state) not in _SUPPORTED:
             return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
-        x = compute_input(x, w_ih)
-        return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+        x = compute_input(x, w_ih, p)
+        if _needs_function(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+            return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+        return _run_forward(get_ext, "lstm", p, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)[:3]
 
     def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
-        if not supported(x, w_ih):
+        p = Precision.for_call(x, w_ih)
+        if (p.compute, p.state) not in _SUPPORTED:
             return reference.gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
-        return GRUFunction.apply(compute_input(x, w_ih), batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+        x = compute_input(x, w_ih, p)
+        if _needs_function(x, h0, w_ih, w_hh, b_ih, b_hh):
+            return GRUFunction.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+        return _run_forward(get_ext, "gru", p, x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, None, reverse)[:2]
 
     return LSTMFunction, GRUFunction, lstm, gru
