@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from . import factories
 from .packing import pack_like
+from ..data.streams import trainer_batches_done
 from .state import State, detach_state, state_batch_size
 
 STAGES = ("train", "val", "test")
@@ -144,10 +145,14 @@ class RNNModule(LightningModule):
             start of every epoch (torch-rnn's remember_states). Needs batches whose rows
             continue one another, as :class:`~lightning_rnn.data.ContiguousStreams` gives.
             A batch of another size than the last (a short final batch) starts from zeros.
-            The carried state is not saved in checkpoints: a resumed run starts from zeros.
+            A checkpoint written mid-epoch holds the carried state, and a run resumed from it
+            continues with it (one process; under DDP it starts from zeros, as a checkpoint
+            holds rank 0's rows only).
         grad_clip: clip gradients to this norm (or value) before each step; None: off.
         grad_clip_algorithm: ``"norm"`` or ``"value"``.
         accumulate_grad_batches: optimizer step every this many backward passes (chunks).
+            A checkpoint written within a cycle (between the chunks of a batch) holds its
+            gradients so far, and a run resumed from it completes that cycle.
 
     Optimization is manual (Lightning 2 has no TBPTT), so set clipping and accumulation
     here, not on the Trainer (``Trainer(gradient_clip_val=...)`` or
@@ -415,9 +420,15 @@ class RNNModule(LightningModule):
     #: Checkpoint key listing the hyperparameters saved as factory descriptions.
     FACTORIES_KEY = "lightning_rnn_factories"
 
+    #: Checkpoint key of what a run resumed mid-epoch needs besides Lightning's own state.
+    TRAINING_STATE_KEY = "lightning_rnn_training_state"
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The class, so that a task can restore a checkpoint without being told its model.
         checkpoint["lightning_rnn_class"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        training_state = self._training_state()
+        if training_state:
+            checkpoint[self.TRAINING_STATE_KEY] = training_state
         hparams = checkpoint.get("hyper_parameters")
         if hparams is None:
             return
@@ -443,6 +454,45 @@ class RNNModule(LightningModule):
             described.append(name)
         checkpoint["hyper_parameters"] = hparams
         checkpoint[self.FACTORIES_KEY] = described
+
+    def _training_state(self) -> dict:
+        """What the optimization carries from one batch to the next and Lightning does not save:
+        the gradients of an accumulation cycle in progress (a checkpoint written between two
+        of its backward passes, e.g. between the chunks of a truncated-BPTT batch) and, in the
+        middle of an epoch, the state ``stateful=True`` carries into the next batch."""
+        trainer, state = self._trainer, {}
+        if self._backwards_since_step:
+            state["backwards_since_step"] = self._backwards_since_step
+            state["gradients"] = {name: p.grad.detach().clone() for name, p in self.named_parameters()
+                                  if p.grad is not None}
+        carried = self._carried.get("train")
+        if carried is not None and trainer is not None and trainer_batches_done(trainer) > 0:
+            # each process carries its own rows, and a checkpoint holds rank 0's: one process only
+            state["carried_state"], state["world_size"] = carried, trainer.world_size
+        return state
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Trainer.fit(ckpt_path=...) only (load_from_checkpoint has no Trainer): put back at on_train_start,
+        # once the strategy has moved and cast the parameters.
+        trainer = self._trainer
+        resuming = trainer is not None and trainer.state.fn == "fit"
+        self._training_state_to_load = checkpoint.get(self.TRAINING_STATE_KEY) if resuming else None
+
+    def _load_training_state(self) -> None:
+        """Puts back what :meth:`_training_state` saved (see :meth:`on_load_checkpoint`)."""
+        state, self._training_state_to_load = self.__dict__.get("_training_state_to_load"), None
+        if not state:
+            return
+        gradients = state.get("gradients", {})
+        for name, p in self.named_parameters():
+            if name in gradients:
+                p.grad = gradients[name].to(p)
+        self._backwards_since_step = int(state.get("backwards_since_step", 0))
+        carried = state.get("carried_state")
+        if carried is not None and self.hparams.stateful and self.trainer.world_size == state["world_size"] == 1:
+            device = next(self.parameters()).device
+            self._carried["train"] = carried.to(device) if isinstance(carried, torch.Tensor) \
+                else tuple(s.to(device) for s in carried)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
@@ -589,6 +639,7 @@ class RNNModule(LightningModule):
                     metric.set_dtype(torch.float64)
 
     def on_train_start(self) -> None:
+        self._load_training_state()
         if self.hparams.stateful and _shuffles(self.trainer.train_dataloader):
             rank_zero_warn(
                 "stateful=True carries each batch row's state into the same row of the next batch, "

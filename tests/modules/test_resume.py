@@ -1,0 +1,75 @@
+"""Exact resumption: a run resumed with ``Trainer.fit(..., ckpt_path=...)`` from a checkpoint
+continues as the uninterrupted run did (float64: the same losses and weights, bit for bit)."""
+import functools
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from modules_helpers import char_lm, tiny_trainer
+
+from lightning_rnn.data import CharCorpusDataModule
+
+
+SGD = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+
+
+class RecordLosses(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen.append((trainer.current_epoch, batch_idx, trainer.global_step, float(outputs["loss"])))
+
+
+def fit(make, max_steps, root, ckpt_path=None, save_step=None, **trainer_args):
+    """Losses of every batch (epoch, batch, global step, loss) and the final weights of a fit of
+    ``make()``'s (model, datamodule) in float64, seeded as a new process with the same command is."""
+    pl.seed_everything(0, verbose=False)
+    model, data = make()
+    model = model.double()  # before the restore: Trainer(precision="64-true") would cast after it
+    record = RecordLosses()
+    callbacks = [record]
+    if save_step is not None:
+        callbacks.append(ModelCheckpoint(dirpath=root, every_n_train_steps=save_step, save_top_k=-1,
+                                         filename="{step}"))
+    trainer = tiny_trainer(max_steps=max_steps, precision="64-true", callbacks=callbacks, limit_val_batches=0,
+                           enable_checkpointing=save_step is not None, default_root_dir=root, **trainer_args)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return record.seen, model.state_dict()
+
+
+def assert_resumes_exactly(tmp_path, make, max_steps, save_step, **trainer_args):
+    whole, whole_weights = fit(make, max_steps, tmp_path / "whole", save_step=save_step, **trainer_args)
+    saved_after = next(i for i, seen in enumerate(whole) if seen[2] >= save_step)
+    resumed, resumed_weights = fit(make, max_steps, tmp_path / "resumed",
+                                   ckpt_path=tmp_path / "whole" / f"step={save_step}.ckpt", **trainer_args)
+    assert resumed == whole[saved_after + 1:]
+    for name, value in whole_weights.items():
+        assert torch.equal(resumed_weights[name], value), name
+
+
+@pytest.fixture
+def char_data(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("abcab cabba acbca " * 50)
+
+    def make():
+        return CharCorpusDataModule(path=str(path), batch_size=3, seq_len=8)
+    return make
+
+
+@pytest.mark.parametrize(("module_args", "max_steps", "save_step"), [
+    # 3 chunks a batch, a step every 2: the checkpoint at step 4 (after batch 2) has one chunk's gradients
+    (dict(tbptt_steps=3, accumulate_grad_batches=2), 9, 4),
+    (dict(stateful=True), 8, 3),  # the state carried into batch 3
+    (dict(stateful=True, tbptt_steps=3, accumulate_grad_batches=2), 9, 4),
+])
+def test_a_char_lm_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_path, char_data, module_args,
+                                                                        max_steps, save_step):
+    def make():
+        data = char_data()
+        data.setup()
+        return char_lm(vocab=data.vocab.chars, optimizer=SGD, **module_args), data
+    assert_resumes_exactly(tmp_path, make, max_steps, save_step)
