@@ -25,6 +25,7 @@ class LengthBucketBatchSampler(BatchSampler):
         lengths: length of every sequence of the dataset, indexed like it.
         bucket_size: indices sorted together; default 50 batches.
         shuffle: shuffle the order of the batches (the training default).
+        generator: the random generator of that shuffle (None: torch's global one).
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class LengthBucketBatchSampler(BatchSampler):
         lengths: Sequence[int] | torch.Tensor,
         bucket_size: int | None = None,
         shuffle: bool = True,
+        generator: torch.Generator | None = None,
     ):
         super().__init__(sampler, batch_size, drop_last)
         self.lengths = torch.as_tensor(lengths, dtype=torch.long)
@@ -42,7 +44,7 @@ class LengthBucketBatchSampler(BatchSampler):
             bucket_size = 50 * batch_size
         if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < batch_size:
             raise ValueError(f"bucket_size: expected None or an int >= batch_size ({batch_size}), got {bucket_size!r}")
-        self.bucket_size, self.shuffle = bucket_size, shuffle
+        self.bucket_size, self.shuffle, self.generator = bucket_size, shuffle, generator
 
     def _longest_first(self, indices: torch.Tensor) -> torch.Tensor:
         return indices[torch.sort(self.lengths[indices], descending=True, stable=True).indices]
@@ -61,7 +63,7 @@ class LengthBucketBatchSampler(BatchSampler):
         tail = [b for b in self._longest_first(rest).split(self.batch_size) if len(b)]
         batches = full + tail
         if self.shuffle:
-            batches = [batches[i] for i in torch.randperm(len(batches)).tolist()]
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=self.generator).tolist()]
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:

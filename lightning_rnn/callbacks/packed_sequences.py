@@ -35,6 +35,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from ..data.streams import ResumableLoader
 from .length_bucketing import LengthBucketBatchSampler
 
 
@@ -101,7 +102,9 @@ class PackedSequences(Callback):
 
     # ----- train dataloader ---------------------------------------------------------
     def bucketed(self, loader: DataLoader) -> DataLoader:
-        """A copy of ``loader`` that draws its batches from a LengthBucketBatchSampler."""
+        """A copy of ``loader`` that draws its batches from a LengthBucketBatchSampler (shuffled
+        with the loader's generator; a :class:`~lightning_rnn.data.ResumableLoader`, as the data
+        modules' train loaders are, stays one, so a resumed run gets the batches it had)."""
         if not isinstance(loader, DataLoader) or loader.batch_size is None:
             raise TypeError(
                 "PackedSequences: the train dataloader must be a torch DataLoader with a batch_size "
@@ -115,12 +118,15 @@ class PackedSequences(Callback):
             lengths=dataset_lengths(loader.dataset, self.inputs_key, self.lengths_key),
             bucket_size=self.bucket_size,
             shuffle=self.shuffle,
+            generator=loader.generator,
         )
-        return DataLoader(
+        resumable = isinstance(loader, ResumableLoader)
+        return (ResumableLoader if resumable else DataLoader)(
             loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
             prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+            **(dict(batches_done=loader.batches_done, epoch=loader.epoch, seed=loader.seed) if resumable else {}),
         )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

@@ -7,6 +7,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from .streams import ResumableLoader, trainer_batches_done
+
 SPLITS = ("train", "val", "test")
 
 
@@ -73,13 +75,15 @@ class RNNDataModule(LightningDataModule):
             self.datasets = self.build_datasets()
 
     def _dataloader(self, split: str) -> DataLoader:
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size,
-            shuffle=split == "train",
-            num_workers=self.num_workers,
-            collate_fn=self.collate_fn,
-        )
+        """The loader of ``split``; the train one shuffles, and a Lightning run resumes it exactly
+        (the batches of an epoch it has not seen, in the order the uninterrupted run had: see
+        :class:`~lightning_rnn.data.ResumableLoader`)."""
+        kwargs = dict(batch_size=self.batch_size, num_workers=self.num_workers, collate_fn=self.collate_fn)
+        if split != "train":
+            return DataLoader(self.datasets[split], **kwargs)
+        return ResumableLoader(self.datasets[split], shuffle=True, **kwargs,
+                               batches_done=lambda: trainer_batches_done(self.trainer),
+                               epoch=lambda: None if self.trainer is None else self.trainer.current_epoch)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train")

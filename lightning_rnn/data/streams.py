@@ -60,33 +60,72 @@ class ContiguousStreams(IterableDataset):
             yield {"inputs": self.inputs[:, window], "targets": self.targets[:, window]}
 
 
-class StreamLoader(DataLoader):
-    """The DataLoader of :class:`ContiguousStreams` (whole batches, ``batch_size=None``) that
-    a Lightning run resumes mid-epoch.
+class ResumableLoader(DataLoader):
+    """A DataLoader that a Lightning run resumes exactly, also in the middle of an epoch.
 
-    Lightning saves its :meth:`state_dict` in checkpoints: how many batches of the current
-    pass the training loop has consumed, as ``batches_done()`` tells (the Trainer's count,
-    see :func:`trainer_batches_done`; the loader itself runs ahead of it by the batches
-    Lightning prefetches). A run resumed from a mid-epoch checkpoint continues the epoch at
-    the next unseen batch, where a plain DataLoader would start the pass over and read its
-    first batches twice and its last ones not at all.
+    - Lightning saves its :meth:`state_dict` in checkpoints: how many batches of the current
+      pass the training loop has consumed, as ``batches_done()`` tells (the Trainer's count,
+      see :func:`trainer_batches_done`; the loader itself runs ahead of it by the batches
+      Lightning prefetches). After :meth:`load_state_dict` the next pass starts at the next
+      unseen batch (a plain DataLoader would start the pass over: the resumed epoch read its
+      first batches twice and its last ones not at all).
+    - Its ``generator`` (made for ``shuffle=True`` when none is given) is seeded with
+      ``seed + epoch`` at the start of each pass, ``epoch()`` being the Trainer's epoch (the
+      passes so far where ``epoch`` is None or returns None), so a shuffled order depends on the seed and the epoch
+      only, as a DistributedSampler's does: a resumed run draws the orders the uninterrupted
+      one drew (a plain shuffling DataLoader draws them from the global random state, which a
+      new process does not have where the old one was). ``seed`` defaults to
+      ``torch.initial_seed()`` (the one ``seed_everything`` set).
+
+    The rest of the arguments are DataLoader's.
     """
 
-    def __init__(self, streams: ContiguousStreams, batches_done: Callable[[], int] | None = None, **kwargs):
-        super().__init__(streams, batch_size=None, **kwargs)
-        self._batches_done = batches_done
+    def __init__(self, dataset, *args, batches_done: Callable[[], int] | None = None,
+                 epoch: Callable[[], int] | None = None, seed: int | None = None, **kwargs):
+        if kwargs.get("shuffle") and kwargs.get("generator") is None:
+            kwargs["generator"] = torch.Generator()
+        super().__init__(dataset, *args, **kwargs)
+        self.batches_done, self.epoch = batches_done, epoch
+        self.seed = torch.initial_seed() if seed is None else int(seed)
+        self._passes = 0
         self._resume_at = 0
 
     def state_dict(self) -> dict:
-        return {"batches_done": self._batches_done() if self._batches_done is not None else 0}
+        return {"batches_done": self.batches_done() if self.batches_done is not None else 0}
 
     def load_state_dict(self, state: dict) -> None:
         done = int(state.get("batches_done", 0))
-        self._resume_at = done if 0 < done < len(self.dataset) else 0  # a finished pass: start the next
+        self._resume_at = done if 0 < done < len(self) else 0  # a finished pass: start the next
 
     def __iter__(self):
-        self.dataset.first_batch, self._resume_at = self._resume_at, 0
-        iterator = super().__iter__()  # workers, if any, take their copy of the dataset here
+        # Set up at the first batch, not here: Lightning creates the iterator of a resumed epoch
+        # before it has restored its epoch number.
+        epoch = self.epoch() if self.epoch is not None else None
+        epoch, self._passes = (self._passes if epoch is None else epoch), self._passes + 1
+        if self.generator is not None:
+            self.generator.manual_seed((self.seed + epoch) % 2**64)
+        skip, self._resume_at = self._resume_at, 0
+        yield from self._start(skip)
+
+    def _start(self, skip: int):
+        """The iterator of a pass that leaves out its first ``skip`` batches (loaded, not used)."""
+        iterator = super().__iter__()
+        for _ in range(skip):
+            next(iterator)
+        return iterator
+
+
+class StreamLoader(ResumableLoader):
+    """The :class:`ResumableLoader` of :class:`ContiguousStreams` (whole batches,
+    ``batch_size=None``): a resumed pass starts at its next unseen batch without reading the
+    ones before it."""
+
+    def __init__(self, streams: ContiguousStreams, batches_done: Callable[[], int] | None = None, **kwargs):
+        super().__init__(streams, batch_size=None, batches_done=batches_done, **kwargs)
+
+    def _start(self, skip: int):
+        self.dataset.first_batch = skip
+        iterator = DataLoader.__iter__(self)  # workers, if any, take their copy of the dataset here
         if self.num_workers > 0:
             self.dataset.first_batch = 0
         return iterator

@@ -187,3 +187,24 @@ def test_numeric_class_labels_sort_by_value(tmp_path):
     data = SequenceClassificationDataModule(path=str(path), val_fraction=0.25, test_fraction=0.25)
     data.setup()
     assert data.classes == ["1", "2", "10"]
+
+
+def test_a_resumable_loader_shuffles_by_seed_and_epoch_and_skips_the_batches_done():
+    from lightning_rnn.data import ResumableLoader
+
+    epoch = [0]
+
+    def batches(**kwargs):
+        loader = ResumableLoader(range(20), batch_size=4, shuffle=True, seed=3, epoch=lambda: epoch[0], **kwargs)
+        return loader, [b.tolist() for b in loader]
+
+    loader, first = batches()
+    torch.rand(5)  # the global random state does not matter
+    assert batches()[1] == first == [b.tolist() for b in loader]  # the same epoch again: the same order
+    assert sorted(sum(first, [])) == list(range(20))
+    epoch[0] = 1
+    assert [b.tolist() for b in loader] != first  # another epoch, another order
+    resumed, _ = batches(batches_done=lambda: 2)
+    resumed.load_state_dict(resumed.state_dict())
+    assert [b.tolist() for b in resumed] == batches()[1][2:]  # the rest of that epoch, once
+    assert [b.tolist() for b in resumed] == batches()[1]

@@ -7,9 +7,11 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
-from modules_helpers import char_lm, tiny_trainer
+from modules_helpers import char_lm, rnn_factory, tiny_trainer
 
-from lightning_rnn.data import CharCorpusDataModule
+from lightning_rnn.callbacks import PackedSequences
+from lightning_rnn.data import CharCorpusDataModule, ForecastingDataModule, SequenceClassificationDataModule
+from lightning_rnn.modules import SequenceClassifier, SequenceRegressor
 
 
 SGD = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
@@ -23,14 +25,15 @@ class RecordLosses(Callback):
         self.seen.append((trainer.current_epoch, batch_idx, trainer.global_step, float(outputs["loss"])))
 
 
-def fit(make, max_steps, root, ckpt_path=None, save_step=None, **trainer_args):
+def fit(make, max_steps, root, ckpt_path=None, save_step=None, callbacks=list, **trainer_args):
     """Losses of every batch (epoch, batch, global step, loss) and the final weights of a fit of
-    ``make()``'s (model, datamodule) in float64, seeded as a new process with the same command is."""
+    ``make()``'s (model, datamodule) in float64 with ``callbacks()``, seeded as a new process with
+    the same command is."""
     pl.seed_everything(0, verbose=False)
     model, data = make()
     model = model.double()  # before the restore: Trainer(precision="64-true") would cast after it
     record = RecordLosses()
-    callbacks = [record]
+    callbacks = [record, *callbacks()]
     if save_step is not None:
         callbacks.append(ModelCheckpoint(dirpath=root, every_n_train_steps=save_step, save_top_k=-1,
                                          filename="{step}"))
@@ -73,3 +76,29 @@ def test_a_char_lm_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_path
         data.setup()
         return char_lm(vocab=data.vocab.chars, optimizer=SGD, **module_args), data
     assert_resumes_exactly(tmp_path, make, max_steps, save_step)
+
+
+def classification(**data_args):
+    def make():
+        data = SequenceClassificationDataModule(num_samples=60, num_classes=3, min_len=3, max_len=12, batch_size=8,
+                                                **data_args)
+        data.setup()
+        return SequenceClassifier(**data.model_kwargs(), rnn=rnn_factory(hidden_size=6), optimizer=SGD), data
+    return make
+
+
+@pytest.mark.parametrize("save_step", [3, 6], ids=["mid-epoch", "end-of-epoch"])  # 6 batches an epoch
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_shuffled_classification_run_resumes_with_the_batches_and_order_it_had(tmp_path, save_step, packed):
+    """The train loader shuffles from the seed and the epoch, and skips an epoch's batches already
+    seen (a plain shuffling DataLoader started the resumed epoch over in another order)."""
+    callbacks = lambda: [PackedSequences(bucket_size=16)] if packed else []  # noqa: E731
+    assert_resumes_exactly(tmp_path, classification(), 14, save_step, callbacks=callbacks)
+
+
+def test_a_forecaster_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_path):
+    def make():
+        data = ForecastingDataModule(num_steps=200, input_len=8, horizon=2, batch_size=16)
+        data.setup()
+        return SequenceRegressor(**data.model_kwargs(), rnn=rnn_factory(hidden_size=6), optimizer=SGD), data
+    assert_resumes_exactly(tmp_path, make, 12, 4)
