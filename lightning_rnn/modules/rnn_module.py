@@ -632,11 +632,22 @@ class RNNModule(LightningModule):
 
     def _metrics_like_parameters(self) -> None:
         """float64 metric states for a float64 model (torchmetrics keeps float32 through
-        ``.double()``, which rounded the epoch means of a float64 run at about 1e-7)."""
-        if any(p.dtype == torch.float64 for p in self.parameters()):
+        ``.double()``, which rounded the epoch means of a float64 run at about 1e-7), and
+        float32 ones, not bf16/fp16, for a low-precision model: ``Trainer(precision="bf16-true")``
+        (``"16-true"``) converts the metrics' float states with the model
+        (``module.to(dtype)``), and a bf16 sum stops growing once it is large (an epoch
+        mean loss of 1.2 came out as 2.0)."""
+        float64 = any(p.dtype == torch.float64 for p in self.parameters())
+        # outside inference mode (Trainer.validate/test run under it), as in _log_epoch: a
+        # later fit must be able to update the converted states in place
+        with torch.inference_mode(False):
             for metric in self.modules():
-                if isinstance(metric, Metric):
+                if not isinstance(metric, Metric):
+                    continue
+                if float64:
                     metric.set_dtype(torch.float64)
+                elif any(t.dtype in (torch.bfloat16, torch.float16) for t in _state_tensors(metric)):
+                    metric.to(torch.float32)  # float states only: counts stay integers
 
     def on_train_start(self) -> None:
         self._load_training_state()
@@ -695,6 +706,14 @@ def _shuffles(loader) -> bool:
     batch_sampler = getattr(loader, "batch_sampler", None)
     return (random(getattr(loader, "sampler", None)) or isinstance(batch_sampler, LengthBucketBatchSampler)
             or random(getattr(batch_sampler, "sampler", None)))
+
+
+def _state_tensors(metric: Metric) -> list[torch.Tensor]:
+    """A torchmetrics Metric's state tensors (list states flattened)."""
+    tensors = []
+    for value in metric.metric_state.values():
+        tensors.extend(value if isinstance(value, list) else [value])
+    return tensors
 
 
 def _on_plateau(scheduler) -> bool:
