@@ -122,10 +122,12 @@ class MixedPrecision(Callback):
         trainer.strategy.precision_plugin = self.plugin
 
     def _disagreement(self, precision: str, device: str) -> str:
-        # Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU: there only '32-true' composes with fp16
-        converted = device == "cpu" and precision == "bf16-mixed" and self.dtype == "fp16"
+        # Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU: there only '32-true' composes with
+        # fp16, so '16-mixed' is not suggested (it would only lead to the error below)
+        fp16_on_cpu = device == "cpu" and self.dtype == "fp16"
+        converted = fp16_on_cpu and precision == "bf16-mixed"
         note = " (Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU)" if converted else ""
-        matching = "" if converted else f" or precision={self.lightning_precision!r}"
+        matching = "" if fp16_on_cpu else f" or precision={self.lightning_precision!r}"
         return (
             f"dtype: MixedPrecision(dtype={self.dtype!r}) disagrees with Trainer(precision={precision!r}){note}; "
             f"use Trainer(precision='32-true'){matching}, or drop one of the two"

@@ -29,6 +29,7 @@ class Data(LightningDataModule):
         return loader(32)
 
 
+@pytest.mark.filterwarnings("ignore:MixedPrecision.*on a CPU without native bf16:UserWarning")
 def test_a_fit_that_raises_leaves_model_trainer_and_data_as_they_were():
     """Lightning calls on_exception, not teardown, when a run raises: each callback undoes
     its changes there too, so the next run starts clean."""
@@ -36,7 +37,7 @@ def test_a_fit_that_raises_leaves_model_trainer_and_data_as_they_were():
     memory = GPUMemoryLogger(every_n_steps=1)
     trainer, _ = make_trainer([PackedSequences(), MixedPrecision(), memory, GradientCheckpointing(chunk_size=5)])
     plugin = trainer.strategy.precision_plugin
-    with pytest.raises(RuntimeError, match="simulated"):
+    with pytest.raises(RuntimeError, match="simulated"):  # (the warning depends on the CPU)
         trainer.fit(model, datamodule=data)
     assert model.rnn.checkpoint_chunk_size is None
     assert trainer.strategy.precision_plugin is plugin and type(plugin) is Precision
@@ -139,6 +140,16 @@ def test_fp16_on_cpu_warns_and_a_converted_16_mixed_is_explained():
     with pytest.raises(ValueError, match="Lightning runs precision='16-mixed' as 'bf16-mixed' on CPU") as caught:
         trainer.fit(TinyClassifier(), loader(16))
     assert "precision='16-mixed'," not in str(caught.value).split(";")[1]  # the advice does not repeat the loop
+    assert "use Trainer(precision='32-true'), or drop one of the two" in str(caught.value)
+
+
+@pytest.mark.parametrize("precision", ["16-true", "bf16-true", "64-true"])
+def test_fp16_on_cpu_is_not_advised_to_use_16_mixed(precision):
+    """On CPU Lightning runs '16-mixed' as 'bf16-mixed', which MixedPrecision('fp16') refuses too."""
+    trainer, _ = make_trainer([MixedPrecision("fp16")], max_steps=1, precision=precision)
+    with pytest.raises(ValueError, match=rf"disagrees with Trainer\(precision='{precision}'\)") as caught:
+        trainer.fit(TinyClassifier(), loader(16))
+    assert "16-mixed" not in str(caught.value)
     assert "use Trainer(precision='32-true'), or drop one of the two" in str(caught.value)
 
 
