@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..kernels import dispatch
-from ..kernels.precision import Precision
+from ..kernels.precision import compute_input
 from . import checkpointing
 from .sequence import InputMismatchError, SequenceBatch
 
@@ -257,6 +257,8 @@ class FusedRNNBase(nn.Module):
             outs = []
             for d in range(D):
                 init, weights = [s[layer * D + d] for s in states], self.layer_weights(layer, d)
+                if d == 0:  # in the dtype the kernels compute in: under autocast one low-precision
+                    x = compute_input(x, weights[0])  # copy for both directions, and what chunks save
                 if chunk is None:
                     out, *final = _call_cell(run_cell, x, batch.batch_sizes, init, weights, d == 1)
                 else:  # bidirectional: each layer-direction is chunked on its own
@@ -289,10 +291,11 @@ class FusedRNNBase(nn.Module):
         in the order the plain path draws them, so results match it exactly.
         """
         L, S = self.num_layers, self.cell.num_states
-        x = batch.data
         init = [s[layer] for layer in range(L) for s in states]
         weights = [w for layer in range(L) for w in self.layer_weights(layer, 0)]
-        out_dtype = Precision.for_call(x, self.weight_ih_l0).compute  # what the layers output
+        # saved by the chunks in the dtype the kernels compute in (low precision under autocast)
+        x = compute_input(batch.data, weights[0])
+        out_dtype = x.dtype  # what the layers output
         shape = (x.shape[0], self.output_size)  # (N, P)
         active = [k for k in range(L - 1) if self._dropout_active(k)]
         masks = [_dropout_keep(shape, out_dtype, x.device, self.dropout) for _ in active]

@@ -295,6 +295,23 @@ def test_bf16_checkpointed_forward_is_the_unchunked_one_exactly(cell, backend):
     assert results[0][1].dtype == (torch.bfloat16 if cell == "lstm" else torch.float32)  # h_n
 
 
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["unidirectional", "bidirectional"])
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_checkpointed_layer_saves_its_input_in_bf16(cell, backend, bidirectional):
+    """Under autocast the chunks save the layer's input as the kernels read it (bf16), not the
+    fp32 tensor given, which dominated what they save: unidirectional, 0.93x (LSTM) and 1.00x
+    (GRU) of the fp32 checkpointed layer's bytes, now 0.59x and 0.60x (the boundary states
+    stay fp32 by design, the LSTM's h aside)."""
+    torch.manual_seed(0)
+    layer = CELLS[cell](32, 64, bidirectional=bidirectional, backend=backend, checkpoint_chunk_size=8)
+    x = torch.randn(64, 16, 32, requires_grad=True)
+    fp32 = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = saved_tensor_bytes(lambda: layer(x)[0], exclude=layer)
+    assert bf16 <= fp32 - 2 * x.numel()  # at least the input's 2 bytes per element less
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_layer_called_twice_in_one_graph(backend):
     """Shared weights (the same layer on two inputs): each call sums its own chunks'
