@@ -13,6 +13,7 @@ exactly as one long sequence would.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +37,27 @@ class Precision:
 
 
 def autocast_off(device: torch.device):
-    """Context in which the kernel casts by hand: autocast must not re-cast our GEMMs."""
+    """Context in which the kernel casts by hand: autocast must not re-cast our GEMMs. A
+    no-op where autocast is off already (entering torch.autocast costs about as much as a
+    one-step call's pointwise work)."""
+    if not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
+
+
+def cat(tensors, dim: int = 0) -> torch.Tensor:
+    """``torch.cat`` outside autocast. A join casts nothing, but CPU autocast refuses to join
+    fp16 tensors under bf16 autocast, or bf16 under fp16 ("Unexpected floating ScalarType in
+    at::autocast::prioritize"): a ``.half()`` layer inside ``torch.autocast("cpu")`` failed
+    where torch.nn's runs."""
+    with autocast_off(tensors[0].device):
+        return torch.cat(tensors, dim)
+
+
+def stack(tensors, dim: int = 0) -> torch.Tensor:
+    """``torch.stack`` outside autocast (see :func:`cat`)."""
+    with autocast_off(tensors[0].device):
+        return torch.stack(tensors, dim)
 
 
 def compute_input(x: torch.Tensor, weight: torch.Tensor, precision: Precision | None = None) -> torch.Tensor:

@@ -48,6 +48,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..kernels import precision
 from ..kernels.grad_sink import GradSink
 from ..kernels.steps import Steps
 
@@ -230,10 +231,10 @@ def run_chunked(
         out, *final = RecomputedChunk.apply(
             run, call, index, *pieces[chunk.rows.start], *(s[:b] for s in carried), *weights
         )
-        carried = [f if b == s.shape[0] else torch.cat([f, s[b:]]) for f, s in zip(final, carried)]
+        carried = [f if b == s.shape[0] else precision.cat([f, s[b:]]) for f, s in zip(final, carried)]
         outs.append(out)
         packs.chunk_done()
-    return torch.cat(outs[::-1] if reverse else outs), carried
+    return precision.cat(outs[::-1] if reverse else outs), carried
 
 
 def _row_pieces(chunks: Sequence[Chunk], tensors: Sequence[torch.Tensor]) -> dict[int, list[torch.Tensor]]:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..kernels import dispatch
+from ..kernels import dispatch, precision
 from ..kernels.precision import compute_input
 from . import checkpointing
 from .sequence import InputMismatchError, SequenceBatch
@@ -269,10 +269,10 @@ class FusedRNNBase(nn.Module):
                 outs.append(out)
                 for acc, s in zip(finals, final):
                     acc.append(s)
-            x = outs[0] if D == 1 else torch.cat(outs, dim=1)  # (N, D*P)
+            x = outs[0] if D == 1 else precision.cat(outs, dim=1)  # (N, D*P)
             if self._dropout_active(layer):
                 x = _dropout(x, _dropout_keep(x.shape, x.dtype, x.device, self.dropout), self.dropout)
-        return x, [torch.stack(f) for f in finals]
+        return x, [precision.stack(f) for f in finals]
 
     # ----- gradient checkpointing ---------------------------------------------------
     def _checkpoint_chunk_length(self, batch: SequenceBatch, states: list[torch.Tensor]) -> int | None:
@@ -303,7 +303,7 @@ class FusedRNNBase(nn.Module):
         out, final = checkpointing.run_chunked(
             span, x, batch.batch_sizes, init, weights, masks, chunk, False, _weight_packs(kernels)
         )
-        return out, [torch.stack(final[s::S]) for s in range(S)]
+        return out, [precision.stack(final[s::S]) for s in range(S)]
 
     def _run_span(self, run_cell, reverse: bool, x, batch_sizes, masks, states, weights) -> tuple:
         """Consecutive layers of one direction over a range of steps: ``(out, *final_states)``.

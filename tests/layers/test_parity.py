@@ -96,3 +96,40 @@ def test_inter_layer_dropout_only_in_training(cell):
     torch.testing.assert_close(eval_a, eval_b)
     layer.train()
     assert not torch.allclose(layer(x)[0], eval_a)
+
+
+HALF_CASES = {
+    "bidirectional": dict(num_layers=2, bidirectional=True),
+    "packed_checkpointed": dict(num_layers=2, packed=True, checkpoint_chunk_size=2),
+    "bidirectional_checkpointed": dict(bidirectional=True, checkpoint_chunk_size=2),
+}
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+@pytest.mark.parametrize("case_name", list(HALF_CASES))
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("weights, autocast", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
+def test_half_layer_under_the_other_half_autocast(cell, case_name, backend, weights, autocast):
+    """A .half() layer inside torch.autocast("cpu") (bf16 by default) runs as torch.nn's does: it
+    computes in its weights' dtype, as without autocast. CPU autocast refuses to join fp16
+    tensors under bf16 (and bf16 under fp16), which the layer's cat/stack of its directions,
+    layers and chunks ran into ("Unexpected floating ScalarType in at::autocast::prioritize")."""
+    case = dict(HALF_CASES[case_name])
+    packed = case.pop("packed", False)
+    torch.manual_seed(0)
+    layer = CELLS[cell][0](I, H, **case, backend=backend).to(weights)
+    x = torch.randn(7, 4, I, requires_grad=True)
+    results = []
+    for enabled in (False, True):
+        inp = x if enabled else x.to(weights)  # under autocast the layer casts the fp32 input itself
+        if packed:
+            inp = pack_padded_sequence(inp, torch.tensor([2, 3, 7, 1]), enforce_sorted=False)
+        with torch.autocast("cpu", dtype=autocast, enabled=enabled):
+            out, state = layer(inp)
+        out = out.data if packed else out
+        states = state if isinstance(state, tuple) else (state,)
+        weighted = out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)
+        loss = weighted.sum() + sum(s.float().sum() for s in states)  # backward outside autocast
+        results.append([out, *states, *torch.autograd.grad(loss, [x, *layer.parameters()])])
+    for got, expected in zip(*results[::-1], strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)

@@ -88,15 +88,10 @@ def _cell_function(cell: str, num_states: int, get_ext: Callable[[], ModuleType]
 
 
 def _run_forward(get_ext, cell: str, p: Precision, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse):
-    """The extension's forward: ``(out, h_n, c_n, gates, x_c)`` (c_n None for the GRU).
-    Autocast is switched off around it only where it is on (entering the context costs
-    about as much as a one-step call's pointwise work)."""
+    """The extension's forward: ``(out, h_n, c_n, gates, x_c)`` (c_n None for the GRU)."""
     run = getattr(get_ext(), f"{cell}_forward")
-    args = (x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state)
-    if not torch.is_autocast_enabled(x.device.type):
-        return run(*args)
     with autocast_off(x.device):
-        return run(*args)
+        return run(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state)
 
 
 def _needs_function(*tensors) -> bool:
