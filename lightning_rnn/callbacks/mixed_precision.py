@@ -13,7 +13,8 @@ Composition with ``Trainer(precision=...)``:
 - ``"32-true"`` (the default): the callback's plugin replaces the plain one;
 - the matching mixed setting (``"bf16-mixed"`` for bf16, ``"16-mixed"`` for fp16): the
   Trainer's plugin is replaced by ours *with its scaler*, so there is exactly one
-  autocast and one scaler;
+  autocast and one scaler (the callback's ``init_scale``/``growth_interval`` then must be
+  left None: the Trainer's scaler has its own; giving them is a ValueError);
 - anything else (the other dtype, ``"64-true"``, ``"bf16-true"``, ...): ValueError.
 
 RNN-aware: under autocast the fused layers run their GEMMs in bf16/fp16, keep the cell
@@ -75,17 +76,20 @@ class MixedPrecision(Callback):
 
     Args:
         dtype: ``"bf16"`` (CPU and CUDA) or ``"fp16"`` (CUDA; GradScaler).
-        init_scale: fp16's initial loss scale.
-        growth_interval: fp16: steps without inf/NaN before the scale doubles.
+        init_scale: fp16's initial loss scale (None: 2**16).
+        growth_interval: fp16: steps without inf/NaN before the scale doubles (None: 2000).
+            Both configure the callback's own scaler, under ``Trainer(precision="32-true")``;
+            with ``"16-mixed"`` the Trainer's scaler is used, and giving them is an error.
     """
 
-    def __init__(self, dtype: str = "bf16", init_scale: float = 2.0**16, growth_interval: int = 2000):
+    def __init__(self, dtype: str = "bf16", init_scale: float | None = None, growth_interval: int | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
-        if not init_scale > 0:
-            raise ValueError(f"init_scale: expected a number > 0, got {init_scale!r}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval: expected an int >= 1, got {growth_interval!r}")
+        if init_scale is not None and not init_scale > 0:
+            raise ValueError(f"init_scale: expected None or a number > 0, got {init_scale!r}")
+        if growth_interval is not None and (isinstance(growth_interval, bool) or not isinstance(growth_interval, int)
+                                            or growth_interval < 1):
+            raise ValueError(f"growth_interval: expected None or an int >= 1, got {growth_interval!r}")
         self.dtype = dtype
         self.torch_dtype, self.lightning_precision = DTYPES[dtype]
         self.init_scale, self.growth_interval = init_scale, growth_interval
@@ -101,10 +105,22 @@ class MixedPrecision(Callback):
             if current.precision != self.lightning_precision:
                 raise ValueError(self._disagreement(current.precision, device))
             scaler = current.scaler  # compose: keep the Trainer's scaler, one autocast
+            given = {k: v for k, v in (("init_scale", self.init_scale), ("growth_interval", self.growth_interval))
+                     if v is not None}
+            if scaler is not None and given:
+                raise ValueError(
+                    f"{next(iter(given))}: MixedPrecision({', '.join(f'{k}={v!r}' for k, v in given.items())}) "
+                    f"cannot configure the loss scaler of Trainer(precision={current.precision!r}), which it "
+                    "uses as it is; leave them None, or use Trainer(precision='32-true') for the callback's own scaler"
+                )
         elif type(current) is Precision:  # precision="32-true"
             scaler = None
             if self.dtype == "fp16":
-                scaler = torch.amp.GradScaler(device, init_scale=self.init_scale, growth_interval=self.growth_interval)
+                scaler = torch.amp.GradScaler(
+                    device,
+                    init_scale=2.0**16 if self.init_scale is None else self.init_scale,
+                    growth_interval=2000 if self.growth_interval is None else self.growth_interval,
+                )
         else:
             raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__), device))
         if device == "cpu" and self.dtype == "fp16":

@@ -67,10 +67,31 @@ def test_fp16_scales_the_loss_and_skips_inf_steps():
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:MixedPrecision.dtype='fp16'. on CPU:UserWarning")
+def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_settings():
+    """With a Trainer's 16-mixed plugin (given as a plugin: Lightning turns precision='16-mixed'
+    into bf16 on CPU) the callback uses the Trainer's scaler; init_scale=1024 was ignored
+    silently (the scale logged was the Trainer's 65536)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
+
+    def trainer_plugin():
+        return LightningMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))
+
+    trainer, logger = make_trainer([MixedPrecision("fp16")], max_steps=2, plugins=[trainer_plugin()])
+    trainer.fit(TinyClassifier(), loader(n=16))
+    assert logger.values("precision/loss_scale") == [256.0, 256.0]
+    for kwargs in (dict(init_scale=1024.0), dict(growth_interval=1)):
+        trainer, _ = make_trainer([MixedPrecision("fp16", **kwargs)], max_steps=2, plugins=[trainer_plugin()])
+        name = next(iter(kwargs))
+        match = rf"{name}: MixedPrecision\({name}=.*loss scaler of Trainer\(precision='16-mixed'\)"
+        with pytest.raises(ValueError, match=match):
+            trainer.fit(TinyClassifier(), loader(n=16))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dtype="fp8"), "dtype: expected one of 'bf16', 'fp16', got 'fp8'"),
-    (dict(init_scale=0), "init_scale: expected a number > 0"),
-    (dict(growth_interval=0), "growth_interval: expected an int >= 1"),
+    (dict(init_scale=0), "init_scale: expected None or a number > 0"),
+    (dict(growth_interval=0), "growth_interval: expected None or an int >= 1"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
