@@ -104,6 +104,38 @@ def test_a_cached_build_is_imported_without_building_tools(monkeypatch):
     assert out.shape == (6, 4)
 
 
+def test_a_cuda_build_is_cached_per_gpu_architecture(tmp_path, monkeypatch):
+    """A cache shared by machines with the same CPU and torch (a cluster's home folder) must
+    not hand a build for one GPU architecture to another ("no kernel image is available for
+    execution on the device" at the first launch): torch builds for $TORCH_CUDA_ARCH_LIST,
+    else for the visible GPUs, and the build's name says which."""
+    from lightning_rnn.kernels import cuda
+
+    names = []
+
+    def fake_load(name, **kwargs):
+        names.append(name)
+        raise RuntimeError("not built in this test")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(build.cpp_extension, "load", fake_load)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    def build_for(capability):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(build, "_built", {})
+        with pytest.raises(dispatch.BackendUnavailable, match="not built in this test"):
+            build.jit_build("cuda", cuda.SOURCES, cuda.CFLAGS, cuda.CUDA_CFLAGS)
+
+    build_for((8, 0))
+    build_for((9, 0))
+    build_for((9, 0))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    build_for((9, 0))
+    assert names[0] != names[1] == names[2] != names[3]
+
+
 def test_auto_picks_compiled_backend_on_cpu():
     assert dispatch.resolve("auto", torch.device("cpu")) == "cpp"
     assert dispatch.available_backends("cpu") == ["cpp", "reference"]

@@ -3,7 +3,8 @@
 The extension is built with :func:`torch.utils.cpp_extension.load` (ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default: torch's extensions root) under a name that carries
 a hash of every C++/CUDA source and header, the flags, the torch version and the CPU
-model, so an edit or a different machine gets a fresh build and a cached build is
+model (for CUDA also the GPU architectures built for: $TORCH_CUDA_ARCH_LIST, else the
+visible GPUs'), so an edit or a different machine gets a fresh build and a cached build is
 reused otherwise: imported directly, with no compiler, ninja or write access needed (a
 shared, read-only cache works). Concurrent builds are serialized by torch's file baton
 in the build directory. Any failure becomes :class:`BackendUnavailable` carrying the
@@ -47,11 +48,23 @@ def _build_root() -> Path:
     return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
 
 
-def _fingerprint(sources: list[Path], flags: list[str]) -> str:
+def _cuda_targets() -> str:
+    """What a CUDA build's machine code is made for: torch builds for $TORCH_CUDA_ARCH_LIST,
+    else for the compute capabilities of the visible GPUs (the newest with PTX), with the
+    CUDA version of this torch build."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        archs = ";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i)
+                                 for i in range(torch.cuda.device_count())}))
+    return f"cuda {torch.version.cuda} archs {archs}"
+
+
+def _fingerprint(sources: list[Path], flags: list[str], cuda: bool = False) -> str:
     digest = hashlib.sha1()
     for path in sorted(p for p in CSRC.iterdir() if p.is_file()):  # headers too: torch hashes sources only
         digest.update(path.name.encode() + path.read_bytes())
-    digest.update(" ".join([str(s) for s in sources] + flags + [torch.__version__, _cpu_model()]).encode())
+    machine = [torch.__version__, _cpu_model()] + ([_cuda_targets()] if cuda else [])
+    digest.update(" ".join([str(s) for s in sources] + flags + machine).encode())
     return digest.hexdigest()[:12]
 
 
@@ -107,7 +120,7 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
                 raise result
             return result
         paths = [CSRC / s for s in sources]
-        name = f"lightning_rnn_{tag}_{_fingerprint(paths, cflags + (cuda_cflags or []))}"
+        name = f"lightning_rnn_{tag}_{_fingerprint(paths, cflags + (cuda_cflags or []), cuda_cflags is not None)}"
         build_dir = _build_root() / name
         built = build_dir / f"{name}.so"
         if built.exists() and not (build_dir / "lock").exists():  # built before, no build under way
