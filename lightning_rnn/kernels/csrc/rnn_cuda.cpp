@@ -3,7 +3,10 @@
 // rnn_cuda_kernels.cu.
 #include <torch/extension.h>
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <utility>
 
 #include "rnn_cuda_dev.h"
 #include "rnn_driver.h"
@@ -29,15 +32,32 @@ struct CudaDev {
   }
 };
 
+// Runs an entry point F(x, args...) with x's GPU as the current device. ATen's ops (the
+// GEMMs, the allocations) guard their device themselves, but the pointwise kernels are
+// launched by hand on getCurrentCUDAStream(): without the guard, a layer on cuda:1 while
+// the current device is cuda:0 had its kernels launched on device 0 (pointers into device
+// 1's memory) and on device 0's stream, unordered with the GEMMs on device 1's stream.
+template <auto F>
+struct OnDeviceOf;
+
+template <class R, class... Args, R (*F)(const at::Tensor&, Args...)>
+struct OnDeviceOf<F> {
+  static R call(const at::Tensor& x, Args... args) {
+    c10::cuda::OptionalCUDAGuard guard;
+    if (x.is_cuda()) guard.set_device(x.device());  // else the driver's own check names x
+    return F(x, std::forward<Args>(args)...);
+  }
+};
+
 }  // namespace lrnn
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace lrnn;
   m.doc() = "lightning_rnn fused LSTM/GRU kernels (CUDA)";
-  m.def("lstm_forward", &rnn_forward<LstmCell, CudaDev>, "LSTM forward of one layer-direction");
-  m.def("lstm_backward", &rnn_backward<LstmCell, CudaDev>, "LSTM backward of one layer-direction");
-  m.def("gru_forward", &rnn_forward<GruCell, CudaDev>, "GRU forward of one layer-direction");
-  m.def("gru_backward", &rnn_backward<GruCell, CudaDev>, "GRU backward of one layer-direction");
-  m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
-  m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
+  m.def("lstm_forward", &OnDeviceOf<&rnn_forward<LstmCell, CudaDev>>::call, "LSTM forward of one layer-direction");
+  m.def("lstm_backward", &OnDeviceOf<&rnn_backward<LstmCell, CudaDev>>::call, "LSTM backward of one layer-direction");
+  m.def("gru_forward", &OnDeviceOf<&rnn_forward<GruCell, CudaDev>>::call, "GRU forward of one layer-direction");
+  m.def("gru_backward", &OnDeviceOf<&rnn_backward<GruCell, CudaDev>>::call, "GRU backward of one layer-direction");
+  m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
+  m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
 }
