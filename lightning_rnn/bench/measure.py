@@ -30,21 +30,24 @@ def measure(
     subjects: Mapping[str, Subject], rounds: int, warmup: int, device: str, min_seconds: float = 0.0
 ) -> dict[str, Measured]:
     """Activation memory of each subject, then interleaved fwd+bwd medians (see :func:`interleave`)."""
-    on_cuda = torch.device(device).type == "cuda"
+    dev = torch.device(device)
+    on_cuda = dev.type == "cuda"
     saved = {name: s.saved_bytes() if s.saved_bytes else None for name, s in subjects.items()}
-    peaks = {name: _cuda_peak(s) if on_cuda else None for name, s in subjects.items()}
-    sync = torch.cuda.synchronize if on_cuda else None
+    peaks = {name: _cuda_peak(s, dev) if on_cuda else None for name, s in subjects.items()}
+    # the benchmark's GPU, not the current one (bench.device=cuda:1)
+    sync = (lambda: torch.cuda.synchronize(dev)) if on_cuda else None
     timings = interleave({name: s.step for name, s in subjects.items()}, rounds, warmup, sync, min_seconds)
     return {name: Measured(timings.median(name), saved[name], peaks[name], timings.rounds) for name in subjects}
 
 
-def _cuda_peak(subject: Subject) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+def _cuda_peak(subject: Subject, device: torch.device) -> int:
+    """Peak bytes allocated on ``device`` during one fwd+bwd, above what was allocated before."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
     subject.step()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,22 @@ def test_torch_under_bf16_is_skipped_with_the_reason_where_it_fails():
     keep, notes = runnable(["ours", "torch+bf16", "ours+bf16"], "cpu")
     assert keep == (["ours", "ours+bf16"] if fails else ["ours", "torch+bf16", "ours+bf16"])
     assert any(n.startswith("skipped torch+bf16: torch.nn.LSTM fails under bf16 autocast") for n in notes) == fails
+
+
+def test_cuda_measurements_are_taken_on_the_benchmark_s_gpu(monkeypatch):
+    """bench.device=cuda:1: the peak memory and the timing syncs are those of cuda:1, not of
+    the current device (cuda:0 unless set), which saw none of the work. CUDA's calls are
+    replaced by fakes that record the device they were asked about."""
+    from lightning_rnn.bench.measure import measure
+    from lightning_rnn.bench.subjects import Subject
+
+    asked = []
+
+    def fake(result=0):
+        return lambda device=None: asked.append(None if device is None else torch.device(device)) or result
+
+    for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, fake())
+    measured = measure({"ours": Subject("ours", lambda: None)}, rounds=2, warmup=1, device="cuda:1")
+    assert measured["ours"].peak_bytes == 0 and measured["ours"].rounds >= 2
+    assert asked and all(d == torch.device("cuda:1") for d in asked)
