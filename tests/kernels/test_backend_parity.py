@@ -251,3 +251,17 @@ def _check_float32_error(ours_fn, reference_fn, base, weights):
             err = float((got.double() - want).abs().max()) / scale
             ref_err = float((ref.double() - want).abs().max()) / scale
             assert err <= 4 * ref_err + 1e-6, (err, ref_err)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_cuda_runs_on_the_input_s_gpu_not_the_current_one(cell):
+    """Tensors on cuda:1 while the current device is cuda:0: the kernels run on cuda:1 (on
+    its current stream, ordered with the GEMMs), with the results of a run on cuda:0."""
+    kernels = kernels_for("cuda")
+    with torch.cuda.device(0):
+        want = run_and_grad(_call(kernels, cell), make_args(cell, SCHEDULES["packed"], reverse=True, device="cuda:0"))
+        got = run_and_grad(_call(kernels, cell), make_args(cell, SCHEDULES["packed"], reverse=True, device="cuda:1"))
+    for g, w in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        assert g.device == torch.device("cuda:1")
+        torch.testing.assert_close(g.cpu(), w.cpu(), rtol=1e-12, atol=1e-12)

@@ -59,6 +59,22 @@ def _make_input(case, batch_first):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell, case_name", CELL_CASES)
 def test_matches_torch_nn_float64(cell, case_name, backend):
+    _check_against_torch_nn(cell, case_name, backend)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("checkpoint_chunk_size", [None, 2], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("backend", ["cuda", "reference"])
+@pytest.mark.parametrize("cell, case_name", CELL_CASES)
+def test_cuda_matches_torch_nn_float64(cell, case_name, backend, checkpoint_chunk_size):
+    """The layer on the GPU (the cuda kernel, and the reference backend there) against
+    torch.nn on the CPU, float64: every case above, plain and gradient-checkpointed."""
+    _check_against_torch_nn(cell, case_name, backend, "cuda", checkpoint_chunk_size)
+
+
+def _check_against_torch_nn(cell, case_name, backend, device="cpu", checkpoint_chunk_size=None):
+    """The fused layer on ``device`` against torch.nn on the CPU (float64): outputs, final
+    states and every gradient (those of the device's tensors compared on the CPU)."""
     case = (CASES | PROJECTED_CASES)[case_name]
     fused_class, torch_class = CELLS[cell]
     config = dict(num_layers=case.get("num_layers", 1), bias=case.get("bias", True),
@@ -67,7 +83,8 @@ def test_matches_torch_nn_float64(cell, case_name, backend):
     if case.get("proj_size"):
         config["proj_size"] = case["proj_size"]
     ref = torch_class(I, H, **config).double().train(case.get("train", False))
-    fused = fused_class.from_torch(ref, backend=backend).train(case.get("train", False))
+    fused = fused_class.from_torch(ref, backend=backend).train(case.get("train", False)).to(device)
+    fused.checkpoint_chunk_size = checkpoint_chunk_size
     assert fused.proj_size == case.get("proj_size", 0)
     x, inp = _make_input(case, config["batch_first"])
     hx = None
@@ -75,7 +92,11 @@ def test_matches_torch_nn_float64(cell, case_name, backend):
         hx = random_initial_state(fused, None if case.get("unbatched") else case.get("B", 4))
 
     out_ref, states_ref, grads_ref = outputs_and_grads(ref, x, inp, hx)
-    out, states, grads = outputs_and_grads(fused, x, inp, hx)
+    inp_dev, hx_dev = inp.to(device), hx
+    if hx is not None:
+        hx_dev = tuple(h.to(device) for h in hx) if isinstance(hx, tuple) else hx.to(device)
+    out, states, grads = outputs_and_grads(fused, x, inp_dev, hx_dev)
+    out, states, grads = out.cpu(), [s.cpu() for s in states], [g.cpu() for g in grads]
 
     torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
     for s, s_ref in zip(states, states_ref, strict=True):
