@@ -47,8 +47,11 @@ def check_backend_name(backend: str) -> str:
 
 
 def load(name: str) -> ModuleType:
-    """Import a kernel backend, building it if needed. Raises BackendUnavailable."""
-    module = importlib.import_module(_MODULES[name])
+    """Import a kernel backend, building it if needed. Raises BackendUnavailable.
+
+    Called on every forward: an imported backend is taken from ``sys.modules`` (what
+    ``import_module`` would return, at a fraction of its cost per call)."""
+    module = sys.modules.get(_MODULES[name]) or importlib.import_module(_MODULES[name])
     if name != "reference":
         module.load()  # builds (once) or raises BackendUnavailable
     return module
@@ -91,7 +94,7 @@ def resolve(backend: str, device: torch.device) -> str:
     resolves to ``"torch"``.
     """
     check_backend_name(backend)
-    if torch.device(device).type == "meta":
+    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "meta":
         return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
     if _torch_func_active():
         return "torch"  # the kernels' autograd.Functions are not torch.func-transformable

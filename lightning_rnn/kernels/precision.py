@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -32,8 +33,14 @@ class Precision:
     def for_call(cls, x: torch.Tensor, weight: torch.Tensor) -> "Precision":
         device_type = x.device.type
         if torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32:
-            return cls(torch.get_autocast_dtype(device_type), weight.dtype)
-        return cls(weight.dtype, weight.dtype)
+            return _precision(torch.get_autocast_dtype(device_type), weight.dtype)
+        return _precision(weight.dtype, weight.dtype)
+
+
+@cache
+def _precision(compute: torch.dtype, state: torch.dtype) -> Precision:
+    """One (immutable) Precision per pair of dtypes: kernels ask for it on every call."""
+    return Precision(compute, state)
 
 
 def autocast_off(device: torch.device):
@@ -68,4 +75,6 @@ def compute_input(x: torch.Tensor, weight: torch.Tensor, precision: Precision | 
     create_graph=True differentiates through it (see :mod:`.differentiable`).
     """
     precision = precision or Precision.for_call(x, weight)  # the caller's, where it has it
+    if x.dtype == precision.compute and x.is_contiguous():
+        return x  # what the conversion returns, without its cost per call
     return x.to(precision.compute).contiguous()

@@ -18,7 +18,7 @@ import numbers
 import warnings
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import torch
 from torch import nn
@@ -216,11 +216,6 @@ class FusedRNNBase(nn.Module):
         return _copy_module_state(self, module)
 
     # ----- forward ------------------------------------------------------------------
-    # torch.compile: the layer runs eagerly inside a compiled model (one clean graph break
-    # around it, the rest compiled). Tracing into it only met code Dynamo cannot trace (the
-    # batch size read off batch_sizes, the kernel build's hashing, the pybind kernels) and
-    # printed a warning for each.
-    @torch.compiler.disable
     def forward(self, input, hx=None):
         """Same contract as torch.nn: ``(output, h_n)`` for GRU, ``(output, (h_n, c_n))`` for LSTM.
 
@@ -228,8 +223,13 @@ class FusedRNNBase(nn.Module):
         hx:    initial state(s) (L*D, B, P) h_0 and (L*D, B, H) c_0 ((L*D, ...) unbatched) in the
                caller's batch order; P = proj_size if set, else H.
         """
+        if torch.compiler.is_compiling():  # torch.compile / torch.export: see _forward_outside_graph
+            return _forward_outside_graph(self, input, hx)
+        return self._forward(input, hx)
+
+    def _forward(self, input, hx):
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
-        self._check_weights()
+        weights = self._checked_weights()
         self._check_input_matches_weights(batch.source)
         states = [batch.sort_state(s) for s in self._initial_states(hx, batch)]
         # An empty batch (B = 0) gives torch.nn's empty outputs; the kernels need rows.
@@ -240,50 +240,54 @@ class FusedRNNBase(nn.Module):
                     "checkpoint_chunk_size is ignored with backend='torch' (torch.nn keeps its own activations)",
                     RuntimeWarning,
                 )
-            out, final = self._run_torch(batch, states)
+            out, final = self._run_torch(batch, states, weights)
         else:
-            out, final = self._run_kernels(dispatch.kernels(backend), batch, states)
+            out, final = self._run_kernels(dispatch.kernels(backend), batch, states, weights)
         final = [batch.unsort_state(s) for s in final]
         return batch.restore(out), (tuple(final) if self.cell.num_states > 1 else final[0])
 
-    def _run_kernels(self, kernels, batch: SequenceBatch, states: list[torch.Tensor]):
+    def _run_kernels(self, kernels, batch: SequenceBatch, states: list[torch.Tensor], weights: list[tuple]):
+        """weights: per layer-direction, as layer_weights gives them (see _checked_weights)."""
         run_cell = getattr(kernels, self.cell.name)
-        chunk = self._checkpoint_chunk_length(batch, states)
-        if chunk is not None and self.num_directions == 1:
-            return self._run_stack_in_chunks(kernels, batch, states, chunk)
-        x, D = batch.data, self.num_directions
-        finals: list[list[torch.Tensor]] = [[] for _ in states]
+        chunk = None if self.checkpoint_chunk_size is None else self._checkpoint_chunk_length(batch, states)
+        D = self.num_directions
+        if chunk is not None and D == 1:
+            return self._run_stack_in_chunks(kernels, batch, states, weights, chunk)
+        x, batch_sizes = batch.data, batch.batch_sizes
+        finals = []  # each layer-direction's final states
         for layer in range(self.num_layers):
             outs = []
             for d in range(D):
-                init, weights = [s[layer * D + d] for s in states], self.layer_weights(layer, d)
+                k = layer * D + d
+                init = [s[k] for s in states]
                 if d == 0:  # in the dtype the kernels compute in: under autocast one low-precision
-                    x = compute_input(x, weights[0])  # copy for both directions, and what chunks save
+                    x = compute_input(x, weights[k][0])  # copy for both directions, and what chunks save
                 if chunk is None:
-                    out, *final = _call_cell(run_cell, x, batch.batch_sizes, init, weights, d == 1)
+                    out, *final = _call_cell(run_cell, x, batch_sizes, init, weights[k], d == 1)
                 else:  # bidirectional: each layer-direction is chunked on its own
                     span = partial(self._run_span, run_cell, d == 1)
                     out, final = checkpointing.run_chunked(
-                        span, x, batch.batch_sizes, init, weights, [], chunk, d == 1, _weight_packs(kernels)
+                        span, x, batch_sizes, init, weights[k], [], chunk, d == 1, _weight_packs(kernels)
                     )
                 outs.append(out)
-                for acc, s in zip(finals, final):
-                    acc.append(s)
+                finals.append(final)
             x = outs[0] if D == 1 else precision.cat(outs, dim=1)  # (N, D*P)
             if self._dropout_active(layer):
                 x = _dropout(x, _dropout_keep(x.shape, x.dtype, x.device, self.dropout), self.dropout)
-        return x, [precision.stack(f) for f in finals]
+        return x, [_stack(f) for f in zip(*finals)]
 
     # ----- gradient checkpointing ---------------------------------------------------
     def _checkpoint_chunk_length(self, batch: SequenceBatch, states: list[torch.Tensor]) -> int | None:
         """Steps per checkpointed chunk, or None when off or when no gradient is needed."""
-        chunk = checkpointing.chunk_length(self.checkpoint_chunk_size, len(batch.batch_sizes))
+        chunk = checkpointing.chunk_length(self.checkpoint_chunk_size, batch.num_steps)
         if chunk is None or not torch.is_grad_enabled():
             return None
         tensors = [batch.data, *states, *self.parameters()]
         return chunk if any(t.requires_grad for t in tensors) else None
 
-    def _run_stack_in_chunks(self, kernels, batch: SequenceBatch, states: list[torch.Tensor], chunk: int):
+    def _run_stack_in_chunks(
+        self, kernels, batch: SequenceBatch, states: list[torch.Tensor], weights: list[tuple], chunk: int
+    ):
         """A unidirectional stack with ALL layers inside each chunk of steps.
 
         Only the network input, the dropout masks (bool) and every layer's states at chunk
@@ -292,7 +296,7 @@ class FusedRNNBase(nn.Module):
         """
         L, S = self.num_layers, self.cell.num_states
         init = [s[layer] for layer in range(L) for s in states]
-        weights = [w for layer in range(L) for w in self.layer_weights(layer, 0)]
+        weights = [w for layer_weights in weights for w in layer_weights]
         # saved by the chunks in the dtype the kernels compute in (low precision under autocast)
         x = compute_input(batch.data, weights[0])
         out_dtype = x.dtype  # what the layers output
@@ -303,7 +307,7 @@ class FusedRNNBase(nn.Module):
         out, final = checkpointing.run_chunked(
             span, x, batch.batch_sizes, init, weights, masks, chunk, False, _weight_packs(kernels)
         )
-        return out, [precision.stack(final[s::S]) for s in range(S)]
+        return out, [_stack(final[s::S]) for s in range(S)]
 
     def _run_span(self, run_cell, reverse: bool, x, batch_sizes, masks, states, weights) -> tuple:
         """Consecutive layers of one direction over a range of steps: ``(out, *final_states)``.
@@ -324,10 +328,11 @@ class FusedRNNBase(nn.Module):
         """Inter-layer dropout after ``layer``: outputs of all layers but the last, training only."""
         return bool(self.dropout) and self.training and layer < self.num_layers - 1
 
-    def _run_torch(self, batch: SequenceBatch, states: list[torch.Tensor]):
+    def _run_torch(self, batch: SequenceBatch, states: list[torch.Tensor], weights: list[tuple]):
         fn = getattr(torch._VF, self.cell.name)
         hx = tuple(states) if self.cell.num_states > 1 else states[0]
-        args = (self.flat_weights(), self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
+        flat_weights = [w for layer_weights in weights for w in layer_weights if w is not None]  # as flat_weights()
+        args = (flat_weights, self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
         if batch.is_full:  # (T, B, F) out, as restore() takes it
             out, *final = fn(batch.source, hx, *args, False)
         else:
@@ -335,50 +340,65 @@ class FusedRNNBase(nn.Module):
         return out, final
 
     # ----- validation ---------------------------------------------------------------
-    def _check_weights(self) -> None:
-        """Every weight in torch.nn's shape, in one dtype and on one device: a replaced
-        parameter of another shape or dtype is named here, not in a kernel. Parametrized
-        weights (weight_norm, ...) are left to the kernels: reading one here would
-        evaluate its parametrization once more per forward."""
-        params = self._parameters
-        reference = None
-        for name, shape in self._weight_shapes():
-            w = params.get(name)
-            if w is None:
-                continue
-            if w.shape != shape:
-                raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(w.shape)}")
-            if reference is None:
-                reference = name, w
-            elif w.dtype != reference[1].dtype or w.device != reference[1].device:
-                raise ValueError(f"{name}: expected {reference[1].dtype} on {reference[1].device} like "
-                                 f"{reference[0]}, got {w.dtype} on {w.device}")
+    def _checked_weights(self) -> list[tuple]:
+        """Every layer-direction's weights as :meth:`layer_weights` gives them, read once per
+        forward (a parametrized weight is evaluated once), and checked: every weight in
+        torch.nn's shape, in one dtype and on one device, so that a replaced parameter of
+        another shape or dtype is named here, not in a kernel. Parametrized weights
+        (weight_norm, ...) and weights that are no longer parameters are left to the kernels."""
+        params, reference, layers = self._parameters, None, []
+        for layout in self._weight_layout():
+            weights = []
+            for entry in layout:
+                if entry is None:  # no bias, no projection
+                    weights.append(None)
+                    continue
+                name, shape = entry
+                w = params.get(name)
+                if w is None:  # parametrized (this evaluates it), or replaced by another attribute
+                    weights.append(getattr(self, name))
+                    continue
+                if w.shape != shape:
+                    raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(w.shape)}")
+                if reference is None:
+                    reference = name, w
+                elif w.dtype != reference[1].dtype or w.device != reference[1].device:
+                    raise ValueError(f"{name}: expected {reference[1].dtype} on {reference[1].device} like "
+                                     f"{reference[0]}, got {w.dtype} on {w.device}")
+                weights.append(w)
+            layers.append(tuple(weights))
+        return layers
 
-    def _weight_shapes(self) -> list[tuple[str, torch.Size]]:
-        """(name, torch.nn's shape) of every weight, computed once per configuration."""
+    def _weight_layout(self) -> list[tuple]:
+        """Per layer-direction, layer_weights' five entries as (name, torch.nn's shape), None
+        where the configuration has no such weight; computed once per configuration."""
         config = (self.input_size, self.hidden_size, self.num_layers, self.bias, self.bidirectional, self.proj_size)
-        if getattr(self, "_weight_shapes_for", None) != config:
+        if getattr(self, "_weight_layout_for", None) != config:
             G, H, P, D = self.cell.num_gates, self.hidden_size, self.output_size, self.num_directions
-            shapes = []
+            layout = []
             for layer in range(self.num_layers):
                 inputs = self.input_size if layer == 0 else P * D
-                kinds = {"weight_ih": (G * H, inputs), "weight_hh": (G * H, P)}
+                shapes = {"weight_ih": (G * H, inputs), "weight_hh": (G * H, P)}
                 if self.bias:
-                    kinds.update(bias_ih=(G * H,), bias_hh=(G * H,))
+                    shapes.update(bias_ih=(G * H,), bias_hh=(G * H,))
                 if self.proj_size:
-                    kinds["weight_hr"] = (P, H)
-                shapes += [(kind + self._suffix(layer, d), torch.Size(shape)) for d in range(D)
-                           for kind, shape in kinds.items()]
-            self._weight_shapes_for, self._weight_shapes_cache = config, shapes
-        return self._weight_shapes_cache
+                    shapes["weight_hr"] = (P, H)
+                for d in range(D):
+                    sfx = self._suffix(layer, d)
+                    layout.append(tuple(
+                        (kind + sfx, torch.Size(shapes[kind])) if kind in shapes else None for kind in _WEIGHT_KINDS
+                    ))
+            self._weight_layout_for, self._weight_layout_cache = config, layout
+        return self._weight_layout_cache
 
     def _check_input_matches_weights(self, x: torch.Tensor) -> None:
         """Input and weights on one device, in one dtype (but under autocast): a ValueError,
         as torch.nn raises for a dtype mismatch (a device mismatch is also a RuntimeError,
         as there)."""
-        if parametrize.is_parametrized(self, "weight_ih_l0"):  # its stored tensor: evaluating costs a call
-            w = self.parametrizations.weight_ih_l0.original
-        else:
+        w = self._parameters.get("weight_ih_l0")
+        if w is None and parametrize.is_parametrized(self, "weight_ih_l0"):
+            w = self.parametrizations.weight_ih_l0.original  # its stored tensor: evaluating costs a call
+        elif w is None:  # no longer a parameter
             w = self.weight_ih_l0
         if x.device != w.device:
             raise InputMismatchError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
@@ -393,25 +413,24 @@ class FusedRNNBase(nn.Module):
         L, B = self.num_layers * self.num_directions, batch.batch
         widths = (self.output_size, self.hidden_size)[: self.cell.num_states]  # h_0, c_0
         shapes = [(L, w) if batch.unbatched else (L, B, w) for w in widths]
-        name = type(self).__name__
         if hx is None:  # one zeros tensor per width: h_0 and c_0 share it without a projection
             zeros = {w: batch.source.new_zeros(L, B, w) for w in set(widths)}
             return [zeros[w] for w in widths]
         if len(widths) > 1:
             if not isinstance(hx, (tuple, list)) or len(hx) != len(widths):
                 raise TypeError(
-                    f"hx: {name} expects a tuple (h_0, c_0) of tensors of shapes {shapes[0]} and {shapes[1]}, "
-                    f"got {_describe(hx)}"
+                    f"hx: {type(self).__name__} expects a tuple (h_0, c_0) of tensors of shapes {shapes[0]} and "
+                    f"{shapes[1]}, got {_describe(hx)}"
                 )
         elif not isinstance(hx, torch.Tensor):
-            raise TypeError(f"hx: {name} expects a tensor h_0 of shape {shapes[0]}, got {_describe(hx)}")
+            raise TypeError(f"hx: {type(self).__name__} expects a tensor h_0 of shape {shapes[0]}, got {_describe(hx)}")
         else:
             hx = (hx,)
         states, x = [], batch.source
         for label, s, expected in zip(("h_0", "c_0"), hx, shapes):
             if not isinstance(s, torch.Tensor):
                 raise TypeError(f"hx: {label} must be a tensor, got {_describe(s)}")
-            if tuple(s.shape) != expected:
+            if s.shape != expected:
                 raise InputMismatchError(f"hx: expected {label} of shape {expected}, got {tuple(s.shape)}")
             if s.device != x.device:
                 raise InputMismatchError(f"hx: expected {label} on {x.device}, got {s.device}")
@@ -441,7 +460,24 @@ def _copy_module_state(source: nn.Module, target: nn.Module) -> nn.Module:
     return target.train(source.training)
 
 
-_WEIGHTS_PER_LAYER = 5  # layer_weights: w_ih, w_hh, b_ih, b_hh, w_hr
+_WEIGHT_KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")  # layer_weights' order
+_WEIGHTS_PER_LAYER = len(_WEIGHT_KINDS)
+
+
+@torch.compiler.disable
+def _forward_outside_graph(layer: FusedRNNBase, input, hx):
+    """The layer's forward, run eagerly inside a compiled model or an exported program (one
+    clean graph break around it, the rest compiled; torch.export sees torch.nn's op, see
+    dispatch.resolve). Tracing into it only met code Dynamo cannot trace (the batch sizes
+    of a PackedSequence, the kernel build's hashing, the pybind kernels) and printed a
+    warning for each. Eager calls skip the wrapper: it costs a few microseconds per call."""
+    return layer._forward(input, hx)
+
+
+def _stack(states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """(L*D, B, H) final states from the layer-directions' (B, H) ones; one is unsqueezed
+    (a view of the kernel's own result, not a copy)."""
+    return states[0].unsqueeze(0) if len(states) == 1 else precision.stack(states)
 
 
 def _call_cell(run_cell, x, batch_sizes, states, weights, reverse: bool):

@@ -8,8 +8,7 @@ torch.nn's path takes it as the ``(T, B, I)`` tensor itself.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -31,14 +30,23 @@ class SequenceBatch:
     sorted_indices: torch.Tensor | None  # packed input only: batch row -> sorted position
     unsorted_indices: torch.Tensor | None
     kind: str  # "packed", "padded" or "unbatched"
+    # B, the number of sequences, and T, the number of steps: a full batch's from its shape
+    # (no data-dependent read while a graph is captured for export), a packed one's from
+    # the batch sizes its check read (no tensor reads per call).
+    batch: int
+    num_steps: int
     batch_first: bool = False
+    _data: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def from_input(cls, input, batch_first: bool, input_size: int) -> "SequenceBatch":
         if isinstance(input, PackedSequence):
             _check_features(input.data, input_size, "input.data")
-            _check_packed(input)
-            return cls(input.data, input.batch_sizes, input.sorted_indices, input.unsorted_indices, "packed")
+            sizes = _check_packed(input)
+            return cls(
+                input.data, input.batch_sizes, input.sorted_indices, input.unsorted_indices, "packed",
+                sizes[0], len(sizes),
+            )
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a Tensor or PackedSequence, got {type(input).__name__}")
         if input.dim() not in (2, 3):
@@ -55,21 +63,15 @@ class SequenceBatch:
         if T == 0:
             raise ValueError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
         batch_sizes = torch.full((T,), B, dtype=torch.int64)
-        return cls(x, batch_sizes, None, None, kind, batch_first and kind == "padded")
+        return cls(x, batch_sizes, None, None, kind, B, T, batch_first and kind == "padded")
 
-    @cached_property
+    @property
     def data(self) -> torch.Tensor:
-        """(N, I) packed time-major rows, the kernels' layout (a view of a contiguous full batch)."""
-        return self.source if self.kind == "packed" else self.source.reshape(-1, self.source.shape[-1])
-
-    @cached_property
-    def batch(self) -> int:
-        """B: the number of sequences.
-
-        A full batch's from its shape (no data-dependent read while a graph is captured for
-        export); a packed one's is batch_sizes[0], read once (it costs a tensor index).
-        """
-        return self.source.shape[1] if self.is_full else int(self.batch_sizes[0])
+        """(N, I) packed time-major rows, the kernels' layout (a view of a contiguous full
+        batch; made on first use, once: a batch_first one is copied)."""
+        if self._data is None:
+            self._data = self.source if self.kind == "packed" else self.source.reshape(-1, self.source.shape[-1])
+        return self._data
 
     @property
     def is_full(self) -> bool:
@@ -84,7 +86,7 @@ class SequenceBatch:
         """Packed ``(N, F)`` output (a full batch's also as ``(T, B, F)``) -> the caller's layout."""
         if self.kind == "packed":
             return PackedSequence(out, self.batch_sizes, self.sorted_indices, self.unsorted_indices)
-        y = out if out.dim() == 3 else out.view(len(self.batch_sizes), self.batch, out.shape[-1])  # (T, B, F)
+        y = out if out.dim() == 3 else out.view(self.num_steps, self.batch, out.shape[-1])  # (T, B, F)
         if self.kind == "unbatched":
             return y.squeeze(1)
         return y.transpose(0, 1) if self.batch_first else y
@@ -100,9 +102,9 @@ class SequenceBatch:
         return state.squeeze(1) if self.unbatched else state
 
 
-def _check_packed(input: PackedSequence) -> None:
-    """A PackedSequence as pack_padded_sequence/pack_sequence make it: batch_sizes a non-empty
-    1-D int64 CPU tensor of positive, non-increasing sizes summing to the rows of data, and
+def _check_packed(input: PackedSequence) -> list[int]:
+    """``input.batch_sizes`` as a list, checked: a PackedSequence as pack_padded_sequence/pack_sequence
+    make it, batch_sizes a non-empty 1-D int64 CPU tensor of positive, non-increasing sizes summing to the rows of data, and
     sorted_indices (if any) one per sequence. Checked here, for every backend, so that a
     hand-built one is named, not met deep in a kernel (or run as another batch)."""
     bs = input.batch_sizes
@@ -123,6 +125,7 @@ def _check_packed(input: PackedSequence) -> None:
             f"input.sorted_indices: expected one index per sequence, shape ({sizes[0]},), "
             f"got shape {tuple(input.sorted_indices.shape)}"
         )
+    return sizes
 
 
 def _check_features(x: torch.Tensor, input_size: int, name: str) -> None:

@@ -210,18 +210,34 @@ def test_a_replaced_weight_of_the_wrong_shape_or_dtype_is_named(backend):
         layer(x)
 
 
-def test_parametrized_weights_are_evaluated_once_per_forward():
-    """The weight checks skip parametrized weights: reading one evaluates its parametrization."""
+@pytest.mark.parametrize("backend, chunk", [
+    *((b, None) for b in ["torch", *available_backends("cpu")]),
+    *((b, 2) for b in available_backends("cpu")),  # gradient checkpointing: all chunks share one evaluation
+])
+def test_parametrized_weights_are_evaluated_once_per_forward(backend, chunk):
+    """The weight checks skip parametrized weights: reading one evaluates its parametrization.
+    Each forward reads them anew: a change to the parametrization is seen at the next call."""
     calls = []
 
-    class Counted(torch.nn.Module):
+    class Scaled(torch.nn.Module):
+        scale = 1.0
+
         def forward(self, w):
             calls.append(1)
-            return w
+            return w * self.scale
 
-    layer = FusedLSTM(2, 4, backend="reference")
-    torch.nn.utils.parametrize.register_parametrization(layer, "weight_hh_l0", Counted())
-    torch.nn.utils.parametrize.register_parametrization(layer, "weight_ih_l0", Counted())
+    layer = FusedLSTM(2, 4, num_layers=2, backend=backend, checkpoint_chunk_size=chunk)
+    torch.nn.utils.parametrize.register_parametrization(layer, "weight_hh_l0", Scaled())
+    torch.nn.utils.parametrize.register_parametrization(layer, "weight_ih_l0", Scaled())
+    x = torch.randn(5, 1, 2, requires_grad=True)
     calls.clear()
-    layer(torch.randn(3, 1, 2))
+    out = layer(x)[0]
     assert len(calls) == 2  # once each
+    layer.parametrizations.weight_ih_l0[0].scale = 0.0
+    calls.clear()
+    changed = layer(x)[0]
+    assert len(calls) == 2
+    assert not torch.allclose(out, changed)
+    for name in ("weight_hh_l0", "weight_ih_l0"):
+        torch.nn.utils.parametrize.remove_parametrizations(layer, name)  # leaves the weights parametrized
+    torch.testing.assert_close(changed, layer(x)[0])

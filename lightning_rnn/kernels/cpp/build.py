@@ -113,6 +113,9 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
     ``tag`` names the backend ("cpp", "cuda"). The outcome, success or failure, is
     remembered for the process: a failed build is not retried on every call.
     """
+    done = _built.get(tag)  # every forward asks: a finished build needs no lock
+    if done is not None and not isinstance(done, BackendUnavailable):
+        return done
     with _lock:
         if tag in _built:
             result = _built[tag]
