@@ -62,7 +62,7 @@ class SequenceBatch:
         T, B = x.shape[0], x.shape[1]
         if T == 0:
             raise ValueError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
-        batch_sizes = torch.full((T,), B, dtype=torch.int64)
+        batch_sizes = torch.full((T,), B, dtype=torch.int64, device="cpu")  # not the default device: on the host
         return cls(x, batch_sizes, None, None, kind, B, T, batch_first and kind == "padded")
 
     @property

@@ -26,7 +26,7 @@ def pack_like(padded: torch.Tensor, like: PackedSequence) -> PackedSequence:
         raise ValueError(f"padded: expected a batch-first tensor of {B} sequences of at least {len(batch_sizes)} "
                          f"steps (B, T, ...) to pack like the predictions, got {described}")
     # The sorted sequences' lengths: sequence j (in like's order) runs while batch_sizes > j.
-    lengths = (batch_sizes.unsqueeze(0) > torch.arange(B).unsqueeze(1)).sum(dim=1)
+    lengths = (batch_sizes.unsqueeze(0) > torch.arange(B, device=batch_sizes.device).unsqueeze(1)).sum(dim=1)
     if like.sorted_indices is not None:
         padded = padded.index_select(0, like.sorted_indices.to(padded.device))
     packed = pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=True)

@@ -154,3 +154,26 @@ def test_half_layer_under_the_other_half_autocast(cell, case_name, backend, weig
         results.append([out, *states, *torch.autograd.grad(loss, [x, *layer.parameters()])])
     for got, expected in zip(*results[::-1], strict=True):
         assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_another_default_device_changes_nothing(cell, backend, packed):
+    """Under torch.set_default_device (a model set up for the GPU, say) the layer computes on
+    its input's device as torch.nn does: its own tensors (the batch sizes of a full batch,
+    which the kernels read on the host) are not put on the default device. Here the default
+    is meta, which holds no data, the input on the CPU; forward and backward run under it."""
+    fused_class, _ = CELLS[cell]
+    chunk = None if backend == "torch" else 2  # gradient checkpointing too
+    layer = fused_class(I, H, num_layers=2, backend=backend, dtype=torch.float64, checkpoint_chunk_size=chunk)
+    x, inp = _make_input({"packed": packed}, batch_first=False)
+    results = []
+    for module, default_device in ((layer.to_torch(), "cpu"), (layer, "meta")):
+        with torch.device(default_device):
+            out, state = module(inp)
+            out = out.data if packed else out
+            loss = out.sum() + sum(s.sum() for s in (state if isinstance(state, tuple) else (state,)))
+            results.append((out, *torch.autograd.grad(loss, [x, *module.parameters()], retain_graph=packed)))
+    for ours, theirs in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)

@@ -61,6 +61,8 @@ def test_pack_like_packs_padded_rows_as_the_predictions_were_packed():
     assert torch.equal(aligned.sorted_indices, packed.sorted_indices)
     positions = pack_like(torch.arange(30).view(5, 6), packed).data  # which padded entry each row is
     torch.testing.assert_close(padded.flatten(0, 1)[positions], packed.data, rtol=0, atol=0)
+    with torch.device("meta"):  # another default device (set for a GPU, say) changes nothing
+        torch.testing.assert_close(pack_like(padded, packed).data, packed.data, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"padded: expected a batch-first tensor of 5 sequences of at least 5"):
         pack_like(torch.zeros(4, 6), packed)
     with pytest.raises(TypeError, match="like: expected a PackedSequence"):
