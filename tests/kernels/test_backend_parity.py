@@ -1,11 +1,13 @@
 """Every compiled backend against the reference backend (float64, exact math),
 plus gradcheck of the compiled Functions."""
 import contextlib
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from lightning_rnn.kernels import reference
+from lightning_rnn.kernels import cpp, reference
 
 from kernel_cases import COMPILED, kernels_for, make_args, run_and_grad
 
@@ -209,7 +211,7 @@ def _recast(args, dtype, weight_scale, weights=(-5, -4)):
 @pytest.mark.parametrize(
     "I, H", [(24, 20), (128, 128), (200, 192), (256, 256), (64, 1024)], ids=["H20", "H128", "H192", "H256", "H1024"]
 )
-def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
+def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, panels):
     """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
     (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": register
     tiles of each height 1-6 among them; H 20 also a partial panel), and for wider steps in oneDNN (forward from
@@ -218,7 +220,8 @@ def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
     columns (H 20-256; the GRU's first block too) and in oneDNN or at::mm beyond, the
     weight-gradient GEMMs in oneDNN only at powers of two with >= 512 rows. Against the
     float64 reference on the same values, the error must be of the order of the float32
-    reference's own."""
+    reference's own. With panels on and off (they are off by default on CPUs with AVX-512:
+    the steps then run in oneDNN or at::mm)."""
     _check_float32_error(_call(kernels_for("cpp"), cell), _call(reference, cell),
                          make_args(cell, schedule, I=I, H=H, reverse=reverse), (-5, -4))
 
@@ -227,12 +230,34 @@ def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H):
                          ids=["full", "packed_b13", "wide"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("I, H, P", [(24, 20, 12), (128, 256, 128), (64, 1024, 256)], ids=["H20", "H256", "H1024"])
-def test_float32_projected_lstm_fast_paths_close_to_reference(reverse, schedule, I, H, P):
+def test_float32_projected_lstm_fast_paths_close_to_reference(reverse, schedule, I, H, P, panels):
     """The projection's GEMMs take the same paths as the others (per step h W_hr^T and
     dh W_hr on panels up to 64 rows, else oneDNN / at::mm; one GEMM over all rows to
     rebuild h_t, and dW_hr): error of the order of the float32 reference's own."""
     args = make_args("lstm", schedule, I=I, H=H, P=P, reverse=reverse)
     _check_float32_error(kernels_for("cpp").lstm, reference.lstm, args, (-6, -5, -1))
+
+
+@pytest.fixture(params=[True, False], ids=["panels", "no_panels"])
+def panels(request):
+    """The cpp kernels with their step GEMMs on panels or not, whatever this CPU's default."""
+    ext = cpp.load()
+    default = ext.panels_enabled()
+    ext.set_panels(request.param)
+    yield request.param
+    ext.set_panels(default)
+
+
+def test_panels_are_off_by_default_only_where_the_cpu_has_avx512():
+    """Panels (8-float vector tiles) lose to MKL/oneDNN's AVX-512 kernels: on by default
+    only without AVX-512 (LIGHTNING_RNN_NO_PANELS unset)."""
+    if os.environ.get("LIGHTNING_RNN_NO_PANELS"):
+        pytest.skip("LIGHTNING_RNN_NO_PANELS is set")
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    assert cpp.load().panels_enabled() == ("avx512f" not in flags)
 
 
 def _check_float32_error(ours_fn, reference_fn, base, weights):

@@ -155,8 +155,21 @@ def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
                     reason="needs the cpp backend and oneDNN weight packing")
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_weights_packed_once_per_pass_and_released(bidirectional, monkeypatch):
-    """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied after it."""
+    """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied
+    after it (with panels on, whatever this CPU's default)."""
     import lightning_rnn.layers.recurrent as recurrent
+    from lightning_rnn.kernels import cpp
+
+    ext = cpp.load()
+    default = ext.panels_enabled()
+    ext.set_panels(True)
+    try:
+        _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent)
+    finally:
+        ext.set_panels(default)
+
+
+def _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent):
 
     sizes_at_clear, stores = [], []
 

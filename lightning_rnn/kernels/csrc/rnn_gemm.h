@@ -260,7 +260,7 @@ constexpr int64_t kPanelMaxDepth = 1024;
 // where K is small enough and M large enough to pay for copying w (a pass over w against
 // M of them), else oneDNN (contiguous dG, fast sizes) or at::mm.
 inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w) {
-  if (PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth && dG.stride(1) == 1 &&
+  if (PanelGemm::enabled() && PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth && dG.stride(1) == 1 &&
       worth_packing(dG.size(0), 64)) {
     at::Tensor y = at::empty({dG.size(0), w.size(1)}, dG.options());
     PanelGemm::run(dG, panels_of(w), w.size(1), y);

@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -43,22 +44,40 @@ namespace lrnn {
 constexpr int64_t kPanelMaxRows = 64;
 
 class PanelGemm {
+  static bool enabled_by_default() {
+    const char* env = std::getenv("LIGHTNING_RNN_NO_PANELS");
+    if (env && env[0]) return env[0] == '0';
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    return !__builtin_cpu_supports("avx512f");
+#else
+    return true;
+#endif
+  }
+  static std::atomic<bool>& flag() {
+    static std::atomic<bool> on{enabled_by_default()};
+    return on;
+  }
+
  public:
   static constexpr int64_t kWidth = 16;  // columns per panel: two 8-float vectors
   static constexpr int64_t kTileRows = 6;  // most rows per register tile: 12 accumulators
 
-  // Whether panels can take operands like t: CPU float32, not disabled with
-  // LIGHTNING_RNN_NO_PANELS=1.
-  static bool supports(const at::Tensor& t) {
-    static const bool enabled = [] {
-      const char* env = std::getenv("LIGHTNING_RNN_NO_PANELS");
-      return !(env && env[0] && env[0] != '0');
-    }();
-    return enabled && t.device().is_cpu() && t.scalar_type() == at::kFloat;
-  }
+  // Whether panels can take operands like t: CPU float32.
+  static bool supports(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
+
+  // Whether the kernels use panels at all. The tiles are 16 columns of two 8-float (AVX2)
+  // vectors: where the CPU has AVX-512, MKL's and oneDNN's 16-float kernels are the faster
+  // ones (Xeon with AVX-512, batch 50, T 50, fwd + bwd against torch.nn, interleaved:
+  // LSTM hidden 128 1.47x with panels, 1.08x without; 512 1.30x -> 0.98x; GRU 256 1.10x
+  // -> 0.82x), so there they are off by default. LIGHTNING_RNN_NO_PANELS=1 turns them off,
+  // =0 on; set_enabled (the extension's set_panels, for tests) switches them at run time.
+  static bool enabled() { return flag().load(std::memory_order_relaxed); }
+  static void set_enabled(bool on) { flag().store(on, std::memory_order_relaxed); }
 
   // Whether panels serve a step GEMM with up to `rows` rows and operands like t.
-  static bool usable(const at::Tensor& t, int64_t rows) { return supports(t) && rows <= kPanelMaxRows; }
+  static bool usable(const at::Tensor& t, int64_t rows) {
+    return enabled() && supports(t) && rows <= kPanelMaxRows;
+  }
 
   // M (K, N) float32, any strides -> panels (ceil(N / 16), K, 16), the last zero-padded.
   // One pass over M, a panel at a time: rows of 16 floats where M's columns are
