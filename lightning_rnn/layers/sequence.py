@@ -103,10 +103,11 @@ class SequenceBatch:
 
 
 def _check_packed(input: PackedSequence) -> list[int]:
-    """``input.batch_sizes`` as a list, checked: a PackedSequence as pack_padded_sequence/pack_sequence
-    make it, batch_sizes a non-empty 1-D int64 CPU tensor of positive, non-increasing sizes summing to the rows of data, and
-    sorted_indices (if any) one per sequence. Checked here, for every backend, so that a
-    hand-built one is named, not met deep in a kernel (or run as another batch)."""
+    """``input.batch_sizes`` as a list, checked: a PackedSequence as pack_padded_sequence and
+    pack_sequence make it, batch_sizes a non-empty 1-D int64 CPU tensor of positive,
+    non-increasing sizes summing to the rows of data, and sorted_indices (if any) one per
+    sequence. Checked here, for every backend, so that a hand-built one is named, not met
+    deep in a kernel (or run as another batch)."""
     bs = input.batch_sizes
     if bs.dim() != 1 or bs.numel() == 0 or bs.dtype != torch.int64 or bs.device.type != "cpu":
         raise InputMismatchError(
