@@ -293,8 +293,8 @@ def test_cuda_runs_on_the_input_s_gpu_not_the_current_one(cell):
 
 
 def test_cpu_kernels_flush_denormals_and_restore_the_caller_s_mode():
-    """The cpp kernels flush denormal floats (gradients decaying over long sequences cost
-    some CPUs ~100x per operation there): a denormal c_0 carried by a forget gate of 1 comes
+    """The cpp kernels flush denormal floats (gradients decaying over long sequences are
+    many times slower there on some CPUs): a denormal c_0 carried by a forget gate of 1 comes
     out as 0, where the reference keeps it. The caller's floating-point mode is restored."""
     torch.set_flush_denormal(False)
     tiny = torch.finfo(torch.float32).tiny / 4  # a float32 denormal

@@ -17,7 +17,7 @@ namespace lrnn {
 
 // Denormal floats flushed to zero (FTZ) and read as zero (DAZ) in this thread while in
 // scope, the caller's mode restored after. Gradients carried back over hundreds of steps
-// decay into denormals, which cost some x86 CPUs ~100x per operation: a backward over
+// decay into denormals, which some x86 CPUs handle many times more slowly: a backward over
 // T ~ 470 (batch 32, hidden 128, the gradient from the last step only) took 0.66 s with
 // them and 0.05-0.07 s flushed on a Xeon. They lie below 1.2e-38 (float32) and 2.2e-308
 // (float64): flushing them changes no result beyond those magnitudes.
