@@ -14,9 +14,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import DistributedSampler, RandomSampler
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
+from ..data.streams import trainer_batches_done
 from . import factories
 from .packing import pack_like
-from ..data.streams import trainer_batches_done
 from .state import State, detach_state, state_batch_size
 
 STAGES = ("train", "val", "test")
