@@ -465,6 +465,11 @@ class RNNModule(LightningModule):
             state["backwards_since_step"] = self._backwards_since_step
             state["gradients"] = {name: p.grad.detach().clone() for name, p in self.named_parameters()
                                   if p.grad is not None}
+        if trainer is not None and trainer.state.fn == "fit" and trainer.is_last_batch \
+                and self.__dict__.get("_epoch_ending") == trainer.current_epoch:
+            # saved after the epoch's last batch, before its end: Lightning counts the epoch as
+            # done when it resumes from here and never ends it, so the resumed run does
+            state["epoch_end_pending"] = trainer.current_epoch
         carried = self._carried.get("train")
         if carried is not None and trainer is not None and trainer_batches_done(trainer) > 0:
             # each process carries its own rows, and a checkpoint holds rank 0's: one process only
@@ -488,6 +493,9 @@ class RNNModule(LightningModule):
             if name in gradients:
                 p.grad = gradients[name].to(p)
         self._backwards_since_step = int(state.get("backwards_since_step", 0))
+        pending = state.get("epoch_end_pending")
+        if pending is not None and self.trainer.current_epoch > pending:  # resumed past an epoch never ended
+            self._step_schedulers("epoch")
         carried = state.get("carried_state")
         if carried is not None and self.hparams.stateful and self.trainer.world_size == state["world_size"] == 1:
             device = next(self.parameters()).device
@@ -650,6 +658,7 @@ class RNNModule(LightningModule):
                     metric.to(torch.float32)  # float states only: counts stay integers
 
     def on_train_start(self) -> None:
+        self._epoch_ending = self.trainer.current_epoch  # a resumed epoch has no on_train_epoch_start
         self._load_training_state()
         if self.hparams.stateful and _shuffles(self.trainer.train_dataloader):
             rank_zero_warn(
@@ -661,8 +670,10 @@ class RNNModule(LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._carried.pop("train", None)
+        self._epoch_ending = self.trainer.current_epoch  # until on_train_epoch_end
 
     def on_train_epoch_end(self) -> None:
+        self._epoch_ending = None
         self._step_schedulers("epoch")
         self._log_epoch("train")
 

@@ -78,12 +78,12 @@ def test_a_char_lm_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_path
     assert_resumes_exactly(tmp_path, make, max_steps, save_step)
 
 
-def classification(**data_args):
+def classification(**module_args):
     def make():
-        data = SequenceClassificationDataModule(num_samples=60, num_classes=3, min_len=3, max_len=12, batch_size=8,
-                                                **data_args)
+        data = SequenceClassificationDataModule(num_samples=60, num_classes=3, min_len=3, max_len=12, batch_size=8)
         data.setup()
-        return SequenceClassifier(**data.model_kwargs(), rnn=rnn_factory(hidden_size=6), optimizer=SGD), data
+        model = SequenceClassifier(**data.model_kwargs(), rnn=rnn_factory(hidden_size=6), optimizer=SGD, **module_args)
+        return model, data
     return make
 
 
@@ -102,3 +102,19 @@ def test_a_forecaster_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_p
         data.setup()
         return SequenceRegressor(**data.model_kwargs(), rnn=rnn_factory(hidden_size=6), optimizer=SGD), data
     assert_resumes_exactly(tmp_path, make, 12, 4)
+
+
+def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_its_epoch_schedulers(tmp_path):
+    """Saved after an epoch's last batch but before its end (every_n_train_steps = the batches
+    of an epoch): the resumed run steps the epoch's scheduler, which Lightning, counting that
+    epoch as done, never ends (the learning rate had stayed a step behind)."""
+    halving = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    make = classification(scheduler=halving, scheduler_interval="epoch")
+    assert_resumes_exactly(tmp_path, make, 14, 6)
+    # and again from such a checkpoint written by a resumed run (whose first epoch had no start)
+    whole, whole_weights = fit(make, 20, tmp_path / "whole")
+    fit(make, 20, tmp_path / "first", ckpt_path=tmp_path / "whole" / "step=6.ckpt", save_step=6)
+    again, again_weights = fit(make, 20, tmp_path / "again", ckpt_path=tmp_path / "first" / "step=12.ckpt")
+    assert again == [seen for seen in whole if seen[2] > 12]
+    for name, value in whole_weights.items():
+        assert torch.equal(again_weights[name], value), name
