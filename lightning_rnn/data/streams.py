@@ -71,9 +71,9 @@ class ResumableLoader(DataLoader):
       first batches twice and its last ones not at all).
     - Its ``generator`` (made for ``shuffle=True`` when none is given) is seeded with
       ``seed + epoch`` at the start of each pass, ``epoch()`` being the Trainer's epoch (the
-      passes so far where ``epoch`` is None or returns None), so a shuffled order depends on the seed and the epoch
-      only, as a DistributedSampler's does: a resumed run draws the orders the uninterrupted
-      one drew (a plain shuffling DataLoader draws them from the global random state, which a
+      passes so far where ``epoch`` is None or returns None), so a shuffled order depends on
+      the seed and the epoch only, as a DistributedSampler's does: a resumed run draws the
+      orders the uninterrupted one drew (a plain shuffling DataLoader draws them from the global random state, which a
       new process does not have where the old one was). ``seed`` defaults to
       ``torch.initial_seed()`` (the one ``seed_everything`` set).
 

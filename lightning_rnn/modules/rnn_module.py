@@ -218,6 +218,8 @@ class RNNModule(LightningModule):
             setattr(self, f"{stage}_metrics", collection.clone(prefix=f"{stage}/") if collection is not None else None)
         self._carried: dict[str, State] = {}
         self._backwards_since_step = 0
+        self._epoch_ending: int | None = None  # the epoch whose end has not run yet
+        self._training_state_to_load: dict | None = None  # set by on_load_checkpoint (resuming)
 
     # ----- model ------------------------------------------------------------------
     def encode(self, inputs, state: State = None, lengths: torch.Tensor | None = None):
@@ -466,7 +468,7 @@ class RNNModule(LightningModule):
             state["gradients"] = {name: p.grad.detach().clone() for name, p in self.named_parameters()
                                   if p.grad is not None}
         if trainer is not None and trainer.state.fn == "fit" and trainer.is_last_batch \
-                and self.__dict__.get("_epoch_ending") == trainer.current_epoch:
+                and self._epoch_ending == trainer.current_epoch:
             # saved after the epoch's last batch, before its end: Lightning counts the epoch as
             # done when it resumes from here and never ends it, so the resumed run does
             state["epoch_end_pending"] = trainer.current_epoch
@@ -485,7 +487,7 @@ class RNNModule(LightningModule):
 
     def _load_training_state(self) -> None:
         """Puts back what :meth:`_training_state` saved (see :meth:`on_load_checkpoint`)."""
-        state, self._training_state_to_load = self.__dict__.get("_training_state_to_load"), None
+        state, self._training_state_to_load = self._training_state_to_load, None
         if not state:
             return
         gradients = state.get("gradients", {})
