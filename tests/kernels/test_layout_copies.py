@@ -28,28 +28,30 @@ def test_transposed_of_a_row_strided_view_and_other_dtypes(ext):
         assert got.dtype == a.dtype and got.is_contiguous() and torch.equal(got, a.t())
 
 
-def _panels(m):
-    """(K, N) -> (ceil(N / 16), K, 16), zero-padded: what the step GEMM reads."""
+def _panels(m, width):
+    """(K, N) -> (ceil(N / width), K, width), zero-padded: what the step GEMM reads."""
     K, N = m.shape
-    P = (N + 15) // 16
-    padded = torch.zeros(K, P * 16)
+    P = -(-N // width)
+    padded = torch.zeros(K, P * width)
     padded[:, :N] = m
-    return padded.view(K, P, 16).permute(1, 0, 2)
+    return padded.view(K, P, width).permute(1, 0, 2)
 
 
-@pytest.mark.parametrize("K, N", [(1, 1), (20, 80), (20, 60), (37, 20), (512, 2048), (2048, 512)])
+@pytest.mark.parametrize("K, N", [(1, 1), (20, 80), (20, 60), (37, 20), (512, 2048), (2048, 512), (3, 100)])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed_view", "row_strided"])
 def test_panels_equal_the_padded_permuted_copy(ext, K, N, layout):
     """Row copies where M's columns are contiguous (the backward's W_hh), column walks for
-    a transposed view (the forward's W_hh^T), and a zero-padded last panel."""
+    a transposed view (the forward's W_hh^T), and a zero-padded last panel; panels are
+    two vectors wide (16 columns with AVX2, 32 with AVX-512)."""
     if layout == "contiguous":
         m = torch.randn(K, N)
     elif layout == "transposed_view":
         m = torch.randn(N, K).t()
     else:
         m = torch.randn(K, N + 5)[:, 2:N + 2]
-    got = ext.panels(m)
-    assert got.shape == (-(-N // 16), K, 16) and got.is_contiguous() and torch.equal(got, _panels(m))
+    got, width = ext.panels(m), ext.panel_width()
+    assert width in (16, 32)
+    assert got.shape == (-(-N // width), K, width) and got.is_contiguous() and torch.equal(got, _panels(m, width))
 
 
 def test_panels_reject_a_non_float32_matrix(ext):
@@ -68,9 +70,10 @@ def test_panel_tiles_cover_the_rows_with_at_most_one_narrow_tile(ext, n):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 9, 13, 19, 32, 50, 64, 257])
-@pytest.mark.parametrize("K, N", [(20, 37), (64, 256), (512, 48)])
+@pytest.mark.parametrize("K, N", [(20, 37), (64, 256), (512, 48), (8, 100)])
 def test_panel_gemm_matches_a_float64_matmul(ext, n, K, N):
-    """Every tile height the split uses, a partial last panel (N 37), a row-strided a."""
+    """Every tile height the split uses, a partial last panel (N 37, 48 and 100 with
+    panels of 32 columns), a row-strided a."""
     base = torch.randn(n, K + 3)
     a = base[:, 2 : K + 2]
     m = torch.randn(K, N)

@@ -2,30 +2,33 @@
 // per-step recurrent products (n up to kPanelMaxRows rows, M reused every step) and for
 // the backward's input gradient dG W_ih at small K (rnn_gemm.h: input_grad_gemm).
 //
-// M is copied once per call into panels of 16 columns, (P, K, 16) row-major, so that one
-// panel is a contiguous K x 64-byte strip. For each panel the kernel keeps a tile of up
-// to 6 rows x 16 columns of y in 12 vector registers and walks k: per k, two vector loads
-// of the panel, one broadcast of a[r][k] per row, two FMAs per row. The n rows are split
-// into tiles of 5 and 6 rows where they can be (tile_rows_at). M is read once per
+// M is copied once per call into panels of two vectors' width (kWidth columns: 16 with
+// AVX2, 32 with AVX-512), (P, K, kWidth) row-major, so that one panel is a contiguous
+// strip. For each panel the kernel keeps a tile of up to 6 rows x kWidth columns of y in
+// 12 vector registers and walks k: per k, two vector loads of the panel, one broadcast of
+// a[r][k] per row, two FMAs per row. The n rows are split into tiles of 5 and 6 rows where
+// they can be (tile_rows_at). M is read once per
 // tile from a strip that stays in L1/L2, a in place (any row stride). A tile of a
 // whole panel is stored with two vector stores per row, which takes the whole GEMM 8-23 %
 // less time at n 50, K 64-512 (interleaved, 1 thread; a layer's fwd + bwd 2-5 % less) than
 // going through a stack copy and a memcpy of `cols` floats, as the last, partial panel does.
-// While its first tile runs, a panel prefetches the next one into L2, one 64-byte line per
-// k: past L2 (W_hh of hidden 512 is 4 MB) the strips otherwise arrive from L3 at the pace
+// While its first tile runs, a panel prefetches the next one into L2, its row k at step k: past L2 (W_hh of hidden 512 is 4 MB) the strips otherwise arrive from L3 at the pace
 // of the first tile's demand misses. A layer's fwd + bwd, this kernel with / without it
 // (interleaved, 1 thread): B 50, T 50: H 256 1.01, 512 0.97-0.99, 1024 0.98; B 4, T 200:
 // H 256 0.97, 512 0.97, 1024 0.78.
 //
 // Per step, h W_hh^T (forward) and dG_h W_hh (backward), 1 thread, microseconds,
-// these panels / oneDNN with W_hh packed / at::mm:
+// these panels / oneDNN with W_hh packed / at::mm, AMD EPYC (AVX2):
 //   B  4, H 256:  57 / 140 / 138    backward  56 / - / 109
 //   B  4, H 512: 204 / 275 / 395    backward 194 / - / 340
 //   B 50, H 128: 102 / 149 / 120    backward  93 / - / 114
 //   B 50, H 512: 2032 / 2100 / 2516 backward 1890 / - / 2286
 //   B 128, H 512: 5062 / 4978 / 5815;  B 256, H 256: 2545 / 2245 / 2043 (wider steps: oneDNN)
+// Intel Xeon (AVX-512), the forward's h W_hh^T alone, in cache, same order:
+//   B  4, H 256:  16 / 37 / 23       B 4, H 512: 153 / 213 / 281
+//   B 50, H 128:  39 / 60 / 46       B 50, H 256: 158 / 185 / 184    B 50, H 512: 749 / 817 / 943
 // The columns are written with plain vector types (GCC/Clang vector extensions), which
-// compile to AVX2/FMA under -march=native and to narrower code elsewhere.
+// compile to AVX-512 or AVX2/FMA under -march=native and to narrower code elsewhere.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -46,12 +49,7 @@ constexpr int64_t kPanelMaxRows = 64;
 class PanelGemm {
   static bool enabled_by_default() {
     const char* env = std::getenv("LIGHTNING_RNN_NO_PANELS");
-    if (env && env[0]) return env[0] == '0';
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    return !__builtin_cpu_supports("avx512f");
-#else
-    return true;
-#endif
+    return !(env && env[0] && env[0] != '0');
   }
   static std::atomic<bool>& flag() {
     static std::atomic<bool> on{enabled_by_default()};
@@ -59,18 +57,24 @@ class PanelGemm {
   }
 
  public:
-  static constexpr int64_t kWidth = 16;  // columns per panel: two 8-float vectors
+  // Floats per vector: the widest registers the build targets (-march=native). With
+  // 8-float (AVX2) tiles on a CPU with AVX-512, MKL's and oneDNN's 16-float kernels were
+  // the faster ones (Xeon, batch 50, T 50, LSTM fwd + bwd against torch.nn, interleaved:
+  // hidden 128 1.47x with those panels, 1.08x with MKL / oneDNN, 1.03x with 16-float panels).
+#if defined(__AVX512F__)
+  static constexpr int64_t kLanes = 16;
+#else
+  static constexpr int64_t kLanes = 8;
+#endif
+  static constexpr int64_t kWidth = 2 * kLanes;  // columns per panel: two vectors
   static constexpr int64_t kTileRows = 6;  // most rows per register tile: 12 accumulators
 
   // Whether panels can take operands like t: CPU float32.
   static bool supports(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
-  // Whether the kernels use panels at all. The tiles are 16 columns of two 8-float (AVX2)
-  // vectors: where the CPU has AVX-512, MKL's and oneDNN's 16-float kernels are the faster
-  // ones (Xeon with AVX-512, batch 50, T 50, fwd + bwd against torch.nn, interleaved:
-  // LSTM hidden 128 1.47x with panels, 1.08x without; 512 1.30x -> 0.98x; GRU 256 1.10x
-  // -> 0.82x), so there they are off by default. LIGHTNING_RNN_NO_PANELS=1 turns them off,
-  // =0 on; set_enabled (the extension's set_panels, for tests) switches them at run time.
+  // Whether the kernels use panels at all: yes unless LIGHTNING_RNN_NO_PANELS=1 (then
+  // MKL / oneDNN); set_enabled (the extension's set_panels, for tests) switches them at
+  // run time.
   static bool enabled() { return flag().load(std::memory_order_relaxed); }
   static void set_enabled(bool on) { flag().store(on, std::memory_order_relaxed); }
 
@@ -164,7 +168,7 @@ class PanelGemm {
   }
 
  private:
-  typedef float V8 __attribute__((vector_size(32)));
+  typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
   static void tile_rows(int64_t rows, const float* a, int64_t lda, const float* panel, int64_t K, float* y,
                         int64_t ldy, int64_t cols, const float* next) {
@@ -186,17 +190,19 @@ class PanelGemm {
   }
 
   // y[r][0:cols) = sum_k a[r][k] panel[k][0:cols) for r < R; with kPrefetch, also a
-  // prefetch (into L2) of the k-th 64-byte line of the next panel.
+  // prefetch (into L2) of row k of the next panel.
   template <int R, bool kPrefetch>
   static void tile(const float* a, int64_t lda, const float* panel, int64_t K, float* y, int64_t ldy,
                    int64_t cols, const float* next) {
-    V8 lo[R], hi[R];
-    for (int r = 0; r < R; ++r) lo[r] = hi[r] = V8{};
+    Vec lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = Vec{};
     for (int64_t k = 0; k < K; ++k) {
-      if constexpr (kPrefetch) __builtin_prefetch(next + k * kWidth, 0, 1);
-      V8 m0, m1;
-      std::memcpy(&m0, panel + k * kWidth, sizeof(V8));
-      std::memcpy(&m1, panel + k * kWidth + 8, sizeof(V8));
+      if constexpr (kPrefetch) {
+        for (int64_t j = 0; j < kWidth; j += 16) __builtin_prefetch(next + k * kWidth + j, 0, 1);  // 64-byte lines
+      }
+      Vec m0, m1;
+      std::memcpy(&m0, panel + k * kWidth, sizeof(Vec));
+      std::memcpy(&m1, panel + k * kWidth + kLanes, sizeof(Vec));
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
         const float v = a[r * lda + k];
@@ -206,15 +212,15 @@ class PanelGemm {
     }
     if (cols == kWidth) {  // a whole panel: two unaligned vector stores per row
       for (int r = 0; r < R; ++r) {
-        std::memcpy(y + r * ldy, &lo[r], sizeof(V8));
-        std::memcpy(y + r * ldy + 8, &hi[r], sizeof(V8));
+        std::memcpy(y + r * ldy, &lo[r], sizeof(Vec));
+        std::memcpy(y + r * ldy + kLanes, &hi[r], sizeof(Vec));
       }
       return;
     }
     for (int r = 0; r < R; ++r) {  // the last, partial panel
       float row[kWidth];
-      std::memcpy(row, &lo[r], sizeof(V8));
-      std::memcpy(row + 8, &hi[r], sizeof(V8));
+      std::memcpy(row, &lo[r], sizeof(Vec));
+      std::memcpy(row + kLanes, &hi[r], sizeof(Vec));
       std::memcpy(y + r * ldy, row, cols * sizeof(float));
     }
   }
