@@ -1,4 +1,5 @@
 """Building and choosing the compiled backends: errors, fallback, caching, bad input."""
+import os
 import subprocess
 import sys
 import warnings
@@ -176,3 +177,107 @@ def test_bad_input_is_rejected_at_the_boundary(change, message):
     change(args)
     with pytest.raises(RuntimeError, match=message):
         kernels.lstm(*args)
+
+
+def _fake_cxx(tmp_path, reject=(), warn=(), asm=""):
+    """A compiler script that fails on the flags in ``reject`` (as Apple clang does on
+    -fopenmp), warns of those in ``warn`` (as clang does of a flag it ignores), else
+    succeeds, writing ``asm`` as the assembly of a -fopenmp compile."""
+    script = tmp_path / "fake-c++"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        f'  case " {" ".join(reject)} " in *" $arg "*) echo "error: unsupported option \'$arg\'" >&2; exit 1;; esac\n'
+        f'  case " {" ".join(warn)} " in *" $arg "*) echo "warning: argument unused: \'$arg\'" >&2;; esac\n'
+        f'  if [ "$arg" = -fopenmp ]; then echo \'{asm}\'; fi\n'
+        "done\n"
+        "cat > /dev/null\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def _with(flags, old, new):
+    return [new if f == old else f for f in flags if f != old or new is not None]
+
+
+@pytest.mark.parametrize(
+    "reject,warn,asm,replaced",
+    [
+        ((), (), "", {}),
+        (("-fopenmp",), (), "", {"-fopenmp": "-fopenmp-simd"}),  # Apple clang
+        (("-fopenmp", "-fopenmp-simd"), (), "", {"-fopenmp": None}),
+        (("-march=native",), (), "", {"-march=native": "-mcpu=native"}),  # older clang on arm64
+        (("-march=native",), ("-mcpu=native",), "", {"-march=native": None}),
+        ((), (), "call __kmpc_fork_call", {"-fopenmp": "-fopenmp-simd"}),  # clang with LLVM's libomp
+        ((), (), "call GOMP_parallel", {}),
+    ],
+    ids=["accepts-all", "no-openmp", "no-openmp-simd", "no-march", "no-native", "libomp", "libgomp"],
+)
+def test_flags_a_compiler_cannot_use_are_replaced(tmp_path, monkeypatch, reject, warn, asm, replaced):
+    monkeypatch.setattr(build, "_torch_defines", lambda symbol: symbol == "GOMP_parallel")  # torch's Linux wheels
+    monkeypatch.setenv("CXX", _fake_cxx(tmp_path, reject, warn, asm))
+    want = list(cpp.CFLAGS)
+    for old, new in replaced.items():
+        want = _with(want, old, new)
+    assert build.supported_flags(cpp.CFLAGS) == want
+
+
+def test_flags_are_kept_where_the_compiler_cannot_be_run(tmp_path, monkeypatch):
+    """No compiler: a cached build is found under the flags as written."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    assert build.supported_flags(cpp.CFLAGS) == cpp.CFLAGS
+
+
+def test_torch_s_openmp_runtime_is_found():
+    """The probe asks torch's libraries for a parallel region's entry point: they have
+    the runtime of the OpenMP torch was built with, and nothing else."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch without OpenMP")
+    assert build._torch_defines("GOMP_parallel") or build._torch_defines("__kmpc_fork_call")
+    assert not build._torch_defines("lrnn_no_such_symbol")
+
+
+def test_gcc_builds_with_the_flags_as_written(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    version = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
+    if "Free Software Foundation" not in version or "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("c++ is not GCC, or torch has no OpenMP")
+    assert build.supported_flags(cpp.CFLAGS) == cpp.CFLAGS
+
+
+def test_the_flags_used_name_the_build(tmp_path, monkeypatch, capsys):
+    """A compiler without OpenMP builds with -fopenmp-simd, says so, and under its own name."""
+    builds = []
+
+    def fake_load(name, extra_cflags, **kwargs):
+        builds.append((name, extra_cflags))
+        raise RuntimeError("not built in this test")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(build.cpp_extension, "load", fake_load)
+    for i, reject in enumerate([(), ("-fopenmp",)]):
+        (tmp_path / str(i)).mkdir()
+        monkeypatch.setenv("CXX", _fake_cxx(tmp_path / str(i), reject))
+        monkeypatch.setattr(build, "_built", {})
+        with pytest.raises(dispatch.BackendUnavailable, match="not built in this test"):
+            build.jit_build("cpp", cpp.SOURCES, cpp.CFLAGS)
+    assert builds[0][1] == cpp.CFLAGS and builds[1][1] == _with(cpp.CFLAGS, "-fopenmp", "-fopenmp-simd")
+    assert builds[0][0] != builds[1][0]
+    assert "cannot build with -fopenmp here" in capsys.readouterr().err
+
+
+def test_arm_cpus_are_told_apart_in_the_build_s_name(tmp_path, monkeypatch):
+    """Arm's /proc/cpuinfo has no "model name": a -mcpu=native build for one Arm CPU (SVE
+    on a Graviton3) must not be reused from a shared cache by another (a Graviton2)."""
+    names = []
+    for part, features in (("0xd0c", "fp asimd"), ("0xd40", "fp asimd sve"), ("0xd40", "fp asimd sve")):
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
+                           f"CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: {part}\n\n"
+                           "processor\t: 1\nCPU part\t: 0xfff\n")
+        monkeypatch.setattr(build, "CPUINFO", cpuinfo)
+        names.append(build._fingerprint([build.CSRC / s for s in cpp.SOURCES], cpp.CFLAGS))
+    assert names[0] != names[1] == names[2]
+    assert build._cpu_model() == "0x41 8 0x1 0xd40 fp asimd sve"
+

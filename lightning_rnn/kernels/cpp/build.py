@@ -2,21 +2,29 @@
 
 The extension is built with :func:`torch.utils.cpp_extension.load` (ninja) into
 ``$TORCH_EXTENSIONS_DIR`` (default: torch's extensions root) under a name that carries
-a hash of every C++/CUDA source and header, the flags, the torch version and the CPU
-model (for CUDA also the GPU architectures built for: $TORCH_CUDA_ARCH_LIST, else the
-visible GPUs'), so an edit or a different machine gets a fresh build and a cached build is
-reused otherwise: imported directly, with no compiler, ninja or write access needed (a
-shared, read-only cache works). Concurrent builds are serialized by torch's file baton
-in the build directory. Any failure becomes :class:`BackendUnavailable` carrying the
-compiler's output.
+a hash of every C++/CUDA source and header, the flags, the compiler ($CXX, else c++), the
+torch version and the CPU model (for CUDA also the GPU architectures built for:
+$TORCH_CUDA_ARCH_LIST, else the visible GPUs'), so an edit or a different machine gets a
+fresh build and a cached build is reused otherwise: imported directly, with no compiler,
+ninja or write access needed (a shared, read-only cache works). Concurrent builds are
+serialized by torch's file baton in the build directory. Any failure becomes
+:class:`BackendUnavailable` carrying the compiler's output.
+
+Flags the compiler cannot use are replaced first (:func:`supported_flags`): GCC gets the
+flags as written; a clang without an OpenMP that works with torch's (Apple's; Linux
+clang, whose libomp torch's libgomp cannot serve) builds with -fopenmp-simd, and a
+compiler without -march=native with -mcpu=native or neither.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import importlib.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -34,14 +42,98 @@ _lock = threading.Lock()
 _built: dict[str, ModuleType | BackendUnavailable] = {}
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+#: What names an Arm CPU in /proc/cpuinfo, which has no "model name" there (a build for
+#: -mcpu=native on a Graviton3, with SVE, must not be handed to a Graviton2).
+_ARM_CPU_KEYS = ("CPU implementer", "CPU architecture", "CPU variant", "CPU part", "Features")
+
+
 def _cpu_model() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = CPUINFO.read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        lines = []
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" in fields:
+        return fields["model name"]
+    arm = [fields[key] for key in _ARM_CPU_KEYS if key in fields]
+    return " ".join(arm) if arm else platform.processor()
+
+
+#: Flags some compilers reject, each with what to try instead, in order (dropped when none
+#: works): older (Apple) clang on arm64 takes -mcpu=native, not -march=native; a clang
+#: without libomp (Apple's) rejects -fopenmp or has no omp.h, and -fopenmp-simd keeps the
+#: kernels' `#pragma omp simd` loops (ATen's parallel_for then runs the pointwise passes
+#: on the calling thread; the GEMMs stay multi-threaded in MKL / oneDNN).
+FLAG_FALLBACKS = {"-march=native": ["-mcpu=native"], "-fopenmp": ["-fopenmp-simd"]}
+
+#: What a flag's probe compiles: for -fopenmp, what torch's headers need of it (omp.h)
+#: and a parallel region, whose calls into the OpenMP runtime the probe checks.
+_PROBE_SOURCE = {
+    "-fopenmp": "#include <omp.h>\nint lrnn_probe(int* x) {\n#pragma omp parallel\n"
+                "  x[omp_get_thread_num()] = 1;\n  return omp_get_max_threads();\n}\n"
+}
+
+#: The entry points of a parallel region: GNU libgomp's, and LLVM / Intel libomp's.
+_OPENMP_ENTRIES = ("GOMP_parallel", "__kmpc_fork_call")
+
+
+def _cxx() -> str:
+    """The C++ compiler torch's cpp_extension builds with: $CXX, else c++."""
+    return os.environ.get("CXX", "c++")
+
+
+def _torch_defines(symbol: str) -> bool:
+    """Whether torch's libraries, with the OpenMP runtime they load, define ``symbol``."""
+    try:
+        ctypes.CDLL(torch._C.__file__)[symbol]
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(cxx: str, flag: str) -> bool | None:
+    """Whether the compiler ``cxx`` compiles a tiny translation unit with ``flag`` and says
+    nothing about it (clang only warns of a flag it ignores, "argument unused during
+    compilation: '-mcpu=native'"), and its code calls only OpenMP runtime entries that
+    torch's runtime has (clang with LLVM's libomp calls __kmpc_fork_call, which the
+    libgomp of torch's Linux wheels lacks: the build would not import); None when the
+    compiler cannot be run at all."""
+    source = _PROBE_SOURCE.get(flag, "int lrnn_probe() { return 0; }\n")
+    command = [cxx, "-x", "c++", "-S", "-", "-o", "-", flag]
+    try:
+        done = subprocess.run(command, input=source, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if done.returncode != 0 or flag in done.stderr:
+        return False
+    return all(_torch_defines(entry) for entry in _OPENMP_ENTRIES if entry in done.stdout)
+
+
+def supported_flags(cflags: list[str]) -> list[str]:
+    """``cflags`` with each flag of FLAG_FALLBACKS the compiler rejects replaced by its
+    first accepted alternative (or dropped). Probed once per process and compiler, a few
+    milliseconds each; unchanged when the compiler cannot be run (a cached build is then
+    found under the usual flags, and a build would fail with the compiler's own error)."""
+    cxx = _cxx()
+    chosen = []
+    for flag in cflags:
+        if flag not in FLAG_FALLBACKS:
+            chosen.append(flag)
+            continue
+        for candidate in [flag] + FLAG_FALLBACKS[flag]:
+            accepted = _accepts(cxx, candidate)
+            if accepted is None:
+                return list(cflags)
+            if accepted:
+                chosen.append(candidate)
+                break
+    return chosen
 
 
 def _build_root() -> Path:
@@ -63,7 +155,7 @@ def _fingerprint(sources: list[Path], flags: list[str], cuda: bool = False) -> s
     digest = hashlib.sha1()
     for path in sorted(p for p in CSRC.iterdir() if p.is_file()):  # headers too: torch hashes sources only
         digest.update(path.name.encode() + path.read_bytes())
-    machine = [torch.__version__, _cpu_model()] + ([_cuda_targets()] if cuda else [])
+    machine = [torch.__version__, _cpu_model(), _cxx()] + ([_cuda_targets()] if cuda else [])
     digest.update(" ".join([str(s) for s in sources] + flags + machine).encode())
     return digest.hexdigest()[:12]
 
@@ -123,6 +215,7 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
                 raise result
             return result
         paths = [CSRC / s for s in sources]
+        wanted, cflags = cflags, supported_flags(cflags)
         name = f"lightning_rnn_{tag}_{_fingerprint(paths, cflags + (cuda_cflags or []), cuda_cflags is not None)}"
         build_dir = _build_root() / name
         built = build_dir / f"{name}.so"
@@ -141,6 +234,11 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
             if not built.exists():
                 print(f"lightning_rnn: building the {tag!r} kernels (first use, about a minute) in {build_dir}",
                       file=sys.stderr, flush=True)
+                rejected = [f for f in wanted if f not in cflags]
+                if rejected:
+                    note = " (no OpenMP: the pointwise passes run on one thread)" if "-fopenmp" in rejected else ""
+                    print(f"lightning_rnn: {_cxx()} cannot build with {' '.join(rejected)} here; building with "
+                          f"{' '.join(cflags)}{note}", file=sys.stderr, flush=True)
             module = cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in paths],
