@@ -281,3 +281,40 @@ def test_arm_cpus_are_told_apart_in_the_build_s_name(tmp_path, monkeypatch):
     assert names[0] != names[1] == names[2]
     assert build._cpu_model() == "0x41 8 0x1 0xd40 fp asimd sve"
 
+
+_CLANG_PARITY = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from kernel_cases import make_args, run_and_grad
+from lightning_rnn.kernels import cpp, reference
+from lightning_rnn.kernels.cpp import build
+ext = cpp.load()
+print(" ".join(build.supported_flags(cpp.CFLAGS)))
+assert ext.__file__.startswith(str(build._build_root())), ext.__file__
+for cell in ("lstm", "gru"):
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        got = run_and_grad(getattr(cpp, cell), make_args(cell, [4, 3, 3, 1], dtype=dtype))
+        want = run_and_grad(getattr(reference, cell), make_args(cell, [4, 3, 3, 1], dtype=dtype))
+        for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+print("ok")
+"""
+
+
+def test_clang_without_openmp_builds_a_matching_kernel():
+    """CXX=clang++ with no libomp (as Apple's clang): the build falls back to
+    -fopenmp-simd and matches the reference. One build (~30-60 s), cached on disk."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("clang++") is None:
+        pytest.skip("clang++ is not installed")
+    env = dict(os.environ, CXX="clang++")
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _CLANG_PARITY, str(here)], capture_output=True, text=True,
+                          env=env, cwd=here.parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    flags, ok = done.stdout.split("\n")[-3:-1]
+    assert ok == "ok" and "-march=native" in flags.split()
+    if not build._torch_defines("__kmpc_fork_call"):  # torch with GNU libgomp: clang's OpenMP cannot use it
+        assert "-fopenmp-simd" in flags.split() and "-fopenmp" not in flags.split()

@@ -169,7 +169,8 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
   const at::Tensor w_hh_c = w_hh.to(compute);                        // (G*H, P)
   at::Tensor pre = proj_gemm(x_c, w_ih.to(compute));                 // (N, G*H)
   at::Tensor gates = Layout<Cell>::gates_buffer(pre);                // (N, 4H)
-  auto [bias, b_hn] = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);  // (G*H), (H)
+  at::Tensor bias, b_hn;  // (G*H), (H): not a structured binding, which clang < 16 cannot capture
+  std::tie(bias, b_hn) = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);
   at::Tensor out = at::empty({z.N, z.P}, copt);
   at::Tensor h_c = h0.to(compute).clone().contiguous();              // (B, P) GEMM input
   // (B, H) GRU state (unused by the LSTM); with a projection, r = o * tanh(c) of a step
