@@ -33,17 +33,17 @@ def test_each_weight_packed_once_while_active_and_results_unchanged(cell):
     store = cpp.weight_packs()
     with store:
         first = _run(cell, args)
-        assert len(store) == 2  # W_ih and W_hh
-        w_ih, w_hh = args[-6], args[-5]
-        detached = (*args[:-6], w_ih.detach(), w_hh.detach(), *args[-4:])  # new views, same weights
+        assert len(store) == 1  # W_hh (x W_ih^T runs in at::mm, unpacked)
+        w_ih, w_hh = args[-5], args[-4]  # make_args: ..., w_ih, w_hh, b_ih, b_hh, reverse
+        detached = (*args[:-5], w_ih.detach(), w_hh.detach(), *args[-3:])  # new views, same weights
         second = _run(cell, detached)
-        assert len(store) == 2
-    assert len(store) == 2  # kept after the block, until cleared
+        assert len(store) == 1
+    assert len(store) == 1  # kept after the block, until cleared
     for got in (first, second):
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, **TOL)
     _run(cell, args)  # inactive: nothing added
-    assert len(store) == 2
+    assert len(store) == 1
     store.clear()
     assert len(store) == 0
 
@@ -51,14 +51,14 @@ def test_each_weight_packed_once_while_active_and_results_unchanged(cell):
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_a_weight_changed_in_place_is_packed_again(cell):
     args = _args(cell)
-    w_hh = args[-5]
+    w_hh = args[-4]
     store = cpp.weight_packs()
     with store:
         before = _run(cell, args)
         with torch.no_grad():
             w_hh.mul_(-1.5)  # bumps the version: the packed copy is stale
         after = _run(cell, args)
-    assert len(store) == 3
+    assert len(store) == 2
     expected = _run(cell, args)
     for a, b in zip(after, expected, strict=True):
         torch.testing.assert_close(a, b, **TOL)
@@ -72,6 +72,6 @@ def test_stores_nest_and_exit_in_order():
         with inner:
             _run("lstm", args)
         _run("lstm", make_args("lstm", [20, 20, 16, 10], I=H, H=H, dtype=torch.float32, seed=1))
-    assert (len(outer), len(inner)) == (2, 2)
+    assert (len(outer), len(inner)) == (1, 1)
     with pytest.raises(RuntimeError, match="exit without a matching enter"):
         inner.__exit__(None, None, None)

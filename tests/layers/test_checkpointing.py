@@ -192,7 +192,7 @@ def _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent):
         return lambda: stores.append(Recording(make())) or stores[-1]
 
     layer = FusedLSTM(256, 256, num_layers=2, bidirectional=bidirectional, backend="cpp")
-    x = torch.randn(30, 16, 256, requires_grad=True)  # 80 rows per chunk: oneDNN for the projection too
+    x = torch.randn(30, 16, 256, requires_grad=True)  # 80 rows per chunk
     expected = outputs_and_grads(layer, x, x, None)
     monkeypatch.setattr(recurrent, "_weight_packs", factory)
     layer.checkpoint_chunk_size = "sqrt"  # 6 chunks of 5 steps
@@ -200,9 +200,9 @@ def _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent):
     calls = 1 if not bidirectional else 4  # the whole stack, or each layer-direction
     layers = 2 if not bidirectional else 1  # per store
     assert len(stores) == calls
-    # cleared once after forward: W_ih (oneDNN) and W_hh^T (panels) per layer; once after
-    # backward, which also packs W_hh (panels, per-step dG_h W_hh) and W_ih (panels, dG W_ih)
-    assert sorted(sizes_at_clear) == [2 * layers] * calls + [4 * layers] * calls
+    # cleared once after forward: W_hh^T (panels) per layer (x W_ih^T runs in at::mm); once
+    # after backward, which also packs W_hh (panels, per-step dG_h W_hh) and W_ih (panels, dG W_ih)
+    assert sorted(sizes_at_clear) == [1 * layers] * calls + [3 * layers] * calls
     assert all(len(s.store) == 0 for s in stores)
     # float32 through oneDNN's packed GEMMs (checkpointed) vs MKL's at 5-step chunks: rounding only
     for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):

@@ -145,6 +145,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("transposed", &transposed, "a^T as a new contiguous tensor (the weight gradients' blocked transpose)");
   m.def("panels_enabled", &PanelGemm::enabled, "whether the kernels run their step GEMMs on panels");
   m.def("set_panels", &PanelGemm::set_enabled, "use panels (True) or MKL/oneDNN (False) from now on (tests)");
+  m.def("set_pool_capacity", &BufferPool::set_capacity,
+        "keep at most this many bytes of big kernel buffers mapped between calls (0: none)");
+  m.def("pool_capacity", &BufferPool::get_capacity, "bytes of kernel buffers kept mapped at most");
+  m.def("pool_idle_bytes", &BufferPool::idle_bytes, "bytes of kernel buffers kept mapped now, unused");
   m.def("panel_width", [] { return PanelGemm::kWidth; }, "columns per panel: two of the build's widest vectors");
   m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/16), K, 16) panels");
   m.def(

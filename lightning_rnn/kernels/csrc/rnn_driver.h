@@ -69,7 +69,7 @@ struct Layout<GruCell> {
     return {bias, b_hh->narrow(0, 2 * H, H).to(opt.dtype()).contiguous()};
   }
   static at::Tensor gates_buffer(const at::Tensor& pre) {
-    return at::empty({pre.size(0), pre.size(1) / 3 * 4}, pre.options());
+    return BufferPool::empty({pre.size(0), pre.size(1) / 3 * 4}, pre.options());
   }
   static std::pair<at::Tensor, at::Tensor> bias_grads(const at::Tensor& db, int64_t H) {
     return {at::cat({db.narrow(0, 0, 2 * H), db.narrow(0, 3 * H, H)}), db.narrow(0, 0, 3 * H)};
@@ -167,7 +167,7 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
 
   at::Tensor x_c = x.to(compute).contiguous();
   const at::Tensor w_hh_c = w_hh.to(compute);                        // (G*H, P)
-  at::Tensor pre = proj_gemm(x_c, w_ih.to(compute));                 // (N, G*H)
+  at::Tensor pre = proj_gemm_pooled(x_c, w_ih.to(compute));         // (N, G*H)
   at::Tensor gates = Layout<Cell>::gates_buffer(pre);                // (N, 4H)
   at::Tensor bias, b_hn;  // (G*H), (H): not a structured binding, which clang < 16 cannot capture
   std::tie(bias, b_hn) = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);
@@ -279,7 +279,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const bool sum_hh = needs[4] && sum_into(dw_hh_into, w_hh, "dw_hh_into");
 
   const at::Tensor gates_c = gates.contiguous();
-  const at::Tensor d_out_c = d_out.to(compute).contiguous();
+  // d_out as the kernel reads it; a copy where needed (e.g. the expanded ones of
+  // out.sum().backward()) into a pooled block
+  const at::Tensor d_out_c = d_out.scalar_type() == compute && d_out.is_contiguous()
+                                 ? d_out
+                                 : BufferPool::empty(d_out.sizes(), copt).copy_(d_out);
   // (G*H, P) as given (row-major): the per-step dG_h W_hh is an "NN" GEMM. A transposed
   // copy (to run it as "NT") cost a full strided pass over W_hh on every call (~3 ms at
   // H=512, 1 thread: a fixed cost that dominated short calls, e.g. checkpointed chunks)
@@ -288,10 +292,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const at::Tensor w_hr_c = proj ? w_hr->to(compute).contiguous() : at::Tensor();  // (P, H)
   const at::Tensor h0_s = h0.to(state).contiguous();
   const at::Tensor c0_s = c0 ? c0->to(state).contiguous() : at::zeros({B, H}, sopt);
-  at::Tensor states = at::empty({N, H}, sopt);        // LSTM c_t / GRU h_{t-1}
-  at::Tensor h_prev_c = at::empty({N, H}, copt);      // h_{t-1} for dW_hh (projected: r_t)
+  // scratch of this call: BufferPool blocks, kept mapped between calls (rnn_pool.h)
+  at::Tensor states = BufferPool::empty({N, H}, sopt);    // LSTM c_t / GRU h_{t-1}
+  at::Tensor h_prev_c = BufferPool::empty({N, H}, copt);  // h_{t-1} for dW_hh (projected: r_t)
   at::Tensor tail = at::empty({B, H}, sopt), tail_c = at::empty({B, H}, copt);
-  at::Tensor dG = at::empty({N, 4 * H}, copt);
+  at::Tensor dG = BufferPool::empty({N, 4 * H}, copt);
   at::Tensor db_rows = at::zeros({B, 4 * H}, sopt);
   // The carried dh: (B, H) into the pointwise pass; with a projection the pass starts
   // from zeros and the (B, P) carry dh_p lives outside it, with dh_t of every token kept
@@ -407,7 +412,7 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   const Schedule s(batch_sizes, false);
   const int64_t H = w_hh.size(1), G = Cell::kProjGates, HG = Cell::kHiddenGrad * H;
   const auto opt = x.options();
-  at::Tensor pre = proj_gemm(x, w_ih);
+  at::Tensor pre = proj_gemm_pooled(x, w_ih);
   at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt);
   const StepGemm forward_step = StepGemm::forward(w_hh, s.B, s.T);
   for (int64_t t = 0; t < s.T; ++t) {

@@ -7,7 +7,8 @@
 //             (cache-cold) rows of pre, 2.3 ms for mm into a hot buffer; H=256: 0.48 vs
 //             0.56 ms; equal at H=128 and slower at H=64 (call overhead). Steps of up
 //             to 64 rows run faster still on panels (rnn_panels.h, StepGemm below);
-//   x W_ih^T, N=2500, H=512, packed:               80 ms (+3 ms packing) vs 105 ms;
+//   x W_ih^T, N=2500, H=512, packed:               80 ms (+3 ms packing) vs 105 ms (AMD EPYC;
+//             the forward's now runs in at::mm into a pooled buffer: proj_gemm_pooled);
 //   dG W_ih,  N=2500, H=512, plain strided weight: 88 ms vs 98 ms.
 //   dG^T x,   N=2500, H=512, as (x^T dG)^T: x^T copied contiguous, dG^T a view, the
 //             result transposed back to the weight's layout: 92 ms + the two copies
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "rnn_panels.h"
+#include "rnn_pool.h"
 #include "rnn_transpose.h"
 
 namespace lrnn {
@@ -206,8 +208,9 @@ inline bool dnnl_plain_weight_fast(int64_t rows, int64_t cols) {
   return pow2(rows) && pow2(cols);
 }
 
-// Smallest dimensions of a weight that the projection x W^T (M >= 512 rows) runs in
-// oneDNN packed. Measured, 1 thread, 2500 rows, W_ih (4H x H), ms packed / at::mm:
+// Smallest dimensions of a weight that proj_gemm's x W^T (M >= 512 rows; the forward's
+// x W_ih^T before proj_gemm_pooled, a projected LSTM's h = r W_hr^T now) runs in oneDNN
+// packed. Measured, 1 thread, 2500 rows, W_ih (4H x H), ms packed / at::mm:
 // H 32: 0.49 / 0.73, 64: 1.75 / 2.46, 128: 6.07 / 7.72, 256: 20.1 / 21.5, 512: 82 / 96.
 // Inside a layer (fwd + bwd, B 50, T 50, interleaved) it paid at H 128 (LSTM 50.2 -> 48.3
 // ms, GRU 33.5 -> 31.9) but not at H 64 (LSTM even, GRU 13.2 -> 13.9 ms).
@@ -228,6 +231,16 @@ inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack 
     }
   }
   return at::mm(x, w.t());
+}
+
+// x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
+// forward's x W_ih^T, which become the saved gates): at::mm, since oneDNN allocates its
+// results itself. Forward + backward + Adam step of one layer, batch 50, T 50, 1 thread,
+// Xeon, into the pool with at::mm / oneDNN (W_ih packed, a fresh result): LSTM hidden
+// 128 16.5 / 16.9 ms, 256 64.3 / 65.3, 512 243 / 243; GRU 128 13.2 / 13.8.
+inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
+  at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
+  return at::mm_out(y, x, w.t());
 }
 
 // The weight gradient dG^T x (out, in) for dG (M, out), x (M, in), summed over the M rows:
