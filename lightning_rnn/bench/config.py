@@ -212,6 +212,41 @@ class ProjectionConfig(GridConfig):
 
 
 @dataclass
+class AloneConfig:
+    """A training step (forward, backward, Adam step) of each implementation in processes
+    of its own (:mod:`lightning_rnn.bench.alone`): ours and torch.nn only, no modifiers."""
+
+    enabled: bool = True
+    cells: list[str] = field(default_factory=lambda: ["lstm", "gru"])
+    implementations: list[str] = field(default_factory=lambda: ["ours", "torch"])
+    batch: int = 50
+    seq_len: int = 50
+    layers: list[int] = field(default_factory=lambda: [1])
+    hidden: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
+    steps: int = 20  # timed steps per process
+    warmup: int = 5  # untimed steps first
+    pairs: int = 3  # pairs of processes per implementation, alternating
+
+    def __post_init__(self):
+        k = "bench.alone"
+        self.enabled = _bool(f"{k}.enabled", self.enabled)
+        self.cells = _choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = _implementations(f"{k}.implementations", self.implementations)
+        for i, name in enumerate(self.implementations):
+            spec = parse_impl(name)
+            if spec.base not in ("ours", "torch") or spec.modifiers:
+                raise ValueError(f"{k}.implementations[{i}]: expected 'ours', 'ours:<backend>' or 'torch', "
+                                 f"got {name!r}")
+        self.batch = _int(f"{k}.batch", self.batch)
+        self.seq_len = _int(f"{k}.seq_len", self.seq_len)
+        self.layers = _ints(f"{k}.layers", self.layers)
+        self.hidden = _ints(f"{k}.hidden", self.hidden)
+        self.steps = _int(f"{k}.steps", self.steps)
+        self.warmup = _int(f"{k}.warmup", self.warmup, minimum=0)
+        self.pairs = _int(f"{k}.pairs", self.pairs)
+
+
+@dataclass
 class CallbacksConfig:
     """The callbacks' own studies (:mod:`lightning_rnn.bench.callbacks_bench`), each if it exists."""
 
@@ -234,6 +269,7 @@ class BenchConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
+    alone: AloneConfig = field(default_factory=AloneConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: the layer's "sqrt"
     rounds: int = 9  # timed rounds; each implementation runs once per round
@@ -252,6 +288,7 @@ class BenchConfig:
         self.scaling = _section(ScalingConfig, "bench.scaling", self.scaling)
         self.features = _section(FeaturesConfig, "bench.features", self.features)
         self.projection = _section(ProjectionConfig, "bench.projection", self.projection)
+        self.alone = _section(AloneConfig, "bench.alone", self.alone)
         self.callbacks = _section(CallbacksConfig, "bench.callbacks", self.callbacks)
         self.checkpoint_chunk_size = _optional_int("bench.checkpoint_chunk_size", self.checkpoint_chunk_size)
         self.rounds = _int("bench.rounds", self.rounds)

@@ -8,6 +8,7 @@ Sections (each a field of :class:`~lightning_rnn.bench.config.BenchConfig` with 
 - ``scaling``: time and memory vs sequence length;
 - ``features``: gradient checkpointing (``ours+ckpt``) and bf16 autocast (``ours+bf16``);
 - ``projection``: the LSTM with torch.nn's ``proj_size``, ours vs torch.nn;
+- ``alone``: a training step of each implementation in processes of its own;
 - ``callbacks``: the callbacks' own studies (checkpointing vs T, PackedSequences epoch).
 
 Adding a section = a config dataclass, a ``run_*`` function returning Tables, and one
@@ -29,6 +30,7 @@ import torch
 
 from ..kernels.dispatch import available_backends
 from . import report
+from .alone import run_alone
 from .config import BenchConfig
 from .callback_figures import run_callback_figures
 from .grid import run_grid
@@ -46,10 +48,11 @@ SECTIONS: dict[str, Callable[[BenchConfig, Log], list[Table]]] = {
         run_grid(cfg.features, cfg, name="features", title="training features: checkpointing and bf16", log=log)
     ],
     "projection": lambda cfg, log: [_projection(cfg, log)],
+    "alone": lambda cfg, log: [run_alone(cfg.alone, cfg, torch.get_num_threads(), log=log)],
     "callbacks": lambda cfg, log: run_callback_figures(cfg.callbacks, log=log),
 }
 
-TABLE_ORDER = ("grid", "varlen", "scaling", "features", "projection", "checkpoint_scaling", "packed_epoch")
+TABLE_ORDER = ("grid", "varlen", "scaling", "features", "projection", "alone", "checkpoint_scaling", "packed_epoch")
 
 
 @dataclass

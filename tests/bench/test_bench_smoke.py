@@ -130,6 +130,25 @@ def test_projection_section(run):
     assert all(0 < r["mem_ours/torch"] < 1 and r["time_ours/torch"] > 0 for r in rows)
 
 
+def test_alone_section_runs_each_implementation_in_processes_of_its_own(run):
+    """One row per point; each implementation's step time and page faults from its own
+    worker processes; a worker's failure is reported with its error."""
+    cfg, result, _, _ = run
+    rows = result.tables["alone"].rows
+    assert [(r["cell"], r["hidden"]) for r in rows] == [(c, h) for c in cfg.alone.cells for h in cfg.alone.hidden]
+    for row in rows:
+        assert row["processes"] == cfg.alone.pairs
+        for impl in cfg.alone.implementations:
+            assert row[f"{impl}_ms"] > 0 and row[f"{impl}_faults"] >= 0
+    from lightning_rnn.bench.alone import _run_worker
+
+    spec = {"cell": "gru", "layers": 2, "hidden": 8, "batch": 3, "seq_len": 4, "steps": 2, "warmup": 1,
+            "threads": 1, "seed": 0, "device": "cpu", "impl": "ours"}
+    assert _run_worker(spec)["step_s"] > 0
+    with pytest.raises(RuntimeError, match="the worker for ours failed"):
+        _run_worker(spec | {"cell": "rnn"})
+
+
 def test_threads_fixed_for_the_run_and_restored(run):
     _, result, lines, threads_before = run
     assert result.threads == 1
