@@ -315,3 +315,21 @@ def test_cpu_kernels_flush_denormals_and_restore_the_caller_s_mode():
     assert float(c_ref.min()) == pytest.approx(tiny) and float(c_ref.min()) > 0
     assert torch.equal(c_ours, torch.zeros_like(c_ours))
     assert float(torch.tensor([tiny]) * 1.0) > 0  # this thread's mode is the caller's again
+
+
+@pytest.mark.parametrize("H, panels_expected", [(32, True), (1024, False)])
+def test_step_gemms_on_panels_only_where_they_suit_the_build(H, panels_expected):
+    """Steps of up to 64 rows run on panels, except with AVX-512's 16-float tiles for a
+    W_hh^T beyond the core's L2 (16 MiB at hidden 1024): then in oneDNN or at::mm."""
+    ext = cpp.load()
+    if not ext.panels_enabled():
+        pytest.skip("panels are off (LIGHTNING_RNN_NO_PANELS)")
+    avx512 = ext.panel_width() == 32
+    args = [a.detach() if isinstance(a, torch.Tensor) else a
+            for a in make_args("lstm", [4] * 8, I=8, H=H, dtype=torch.float32)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        kernels_for("cpp").lstm(*args)
+    steps = [e for e in prof.events()  # the GEMMs of h's rows (H columns; x has 8)
+             if e.name in ("aten::mm", "mkldnn::_linear_pointwise") and e.input_shapes[0] == [4, H]]
+    on_panels = panels_expected or not avx512
+    assert len(steps) == (0 if on_panels else 8)

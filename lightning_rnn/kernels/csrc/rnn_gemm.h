@@ -235,7 +235,7 @@ inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack 
 
 // x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
 // forward's x W_ih^T, which become the saved gates): at::mm, since oneDNN allocates its
-// results itself. Forward + backward + Adam step of one layer, batch 50, T 50, 1 thread,
+// results itself. Forward + backward of one layer, batch 50, T 50, 1 thread,
 // Xeon, into the pool with at::mm / oneDNN (W_ih packed, a fresh result): LSTM hidden
 // 128 16.5 / 16.9 ms, 256 64.3 / 65.3, 512 243 / 243; GRU 128 13.2 / 13.8.
 inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
@@ -284,7 +284,7 @@ inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w) {
 
 // The recurrent GEMM of one step, y (n, N) = a (n, K) M, with M prepared once per call for
 // the fastest path at the call's sizes: panels (rnn_panels.h) for steps of up to
-// kPanelMaxRows rows, else oneDNN with M packed where that pays, else ATen. Inside an
+// kPanelMaxRows rows (with AVX-512, of an M that fits in L2: PanelGemm::suits), else oneDNN with M packed where that pays, else ATen. Inside an
 // active WeightPacks store, M is prepared once per pass over the chunks.
 class StepGemm {
  public:
@@ -321,7 +321,7 @@ class StepGemm {
   // size dnnl_min_h, else ATen; packing only where T steps pay for it (or a store is active).
   static StepGemm prepare(const at::Tensor& w_hh, const at::Tensor& m, int64_t dnnl_min_h, int64_t B, int64_t T) {
     if (!worth_packing(T, kDnnlPackMinSteps)) return {Kind::kAten, m, m};
-    if (PanelGemm::usable(w_hh, B)) return {Kind::kPanels, m, panels_of(m)};
+    if (PanelGemm::usable(w_hh, B) && PanelGemm::suits(m)) return {Kind::kPanels, m, panels_of(m)};
     if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
     return {Kind::kAten, m, m};
   }
