@@ -7,13 +7,13 @@
 // strip. For each panel the kernel keeps a tile of up to 6 rows x kWidth columns of y in
 // 12 vector registers and walks k: per k, two vector loads of the panel, one broadcast of
 // a[r][k] per row, two FMAs per row. The n rows are split into tiles of 5 and 6 rows where
-// they can be (tile_rows_at). M is read once per
-// tile from a strip that stays in L1/L2, a in place (any row stride). A tile of a
-// whole panel is stored with two vector stores per row, which takes the whole GEMM 8-23 %
-// less time at n 50, K 64-512 (interleaved, 1 thread; a layer's fwd + bwd 2-5 % less) than
-// going through a stack copy and a memcpy of `cols` floats, as the last, partial panel does.
-// While its first tile runs, a panel prefetches the next one into L2, its row k at step k: past L2 (W_hh of hidden 512 is 4 MB) the strips otherwise arrive from L3 at the pace
-// of the first tile's demand misses. A layer's fwd + bwd, this kernel with / without it
+// they can be (tile_rows_at). M is read once per tile from a strip that stays in L1/L2,
+// a in place (any row stride). A tile of a whole panel is stored with two vector stores
+// per row, which takes the whole GEMM 8-23 % less time at n 50, K 64-512 (interleaved, 1
+// thread; a layer's fwd + bwd 2-5 % less) than going through a stack copy and a memcpy of
+// `cols` floats, as the last, partial panel does. While its first tile runs, a panel
+// prefetches the next one into L2, its row k at step k: past L2 (W_hh of hidden 512 is
+// 4 MB) the strips otherwise arrive from L3 at the pace of the first tile's demand misses. A layer's fwd + bwd, this kernel with / without it
 // (interleaved, 1 thread): B 50, T 50: H 256 1.01, 512 0.97-0.99, 1024 0.98; B 4, T 200:
 // H 256 0.97, 512 0.97, 1024 0.78.
 //
@@ -99,7 +99,7 @@ class PanelGemm {
   // Whether panels of M suit the step GEMMs of this build: with 8-float tiles (AVX2)
   // always (see above); with 16-float tiles (AVX-512) where M fits in this core's L2.
   // Xeon (L2 2 MB), LSTM fwd + bwd against torch.nn, interleaved, with / without panels:
-  // batch 50 hidden 64 1.01 / 1.04, 128 1.03 / 1.06 (W_hh^T 0.25 and 1 MB); hidden 512
+  // batch 50 hidden 64 1.01 / 1.04, 128 1.03 / 1.06 (W_hh^T 64 and 256 KB); hidden 512
   // 0.96-0.99 / 0.93, 1024 1.01 / 0.96 (4 and 16 MB); batch 4, T 200: hidden 512 0.97 /
   // 1.00-1.02, 1024 1.01-1.03 / 0.98.
   static bool suits(const at::Tensor& m) {
@@ -118,10 +118,11 @@ class PanelGemm {
     return bytes;
   }
 
-  // M (K, N) float32, any strides -> panels (ceil(N / 16), K, 16), the last zero-padded.
-  // One pass over M, a panel at a time: rows of 16 floats where M's columns are
-  // contiguous (the backward's W_hh), else one column of M per panel column (the
-  // forward's W_hh^T, a transposed view), writing into the panel (K x 64 bytes) in cache.
+  // M (K, N) float32, any strides -> panels (ceil(N / kWidth), K, kWidth), the last
+  // zero-padded. One pass over M, a panel at a time: rows of kWidth floats where M's
+  // columns are contiguous (the backward's W_hh), else one column of M per panel column
+  // (the forward's W_hh^T, a transposed view), writing into the panel (K x kWidth floats)
+  // in cache.
   // W_hh^T of H 512, 1 thread: 1.3 ms, against 5.6 ms through a zero-padded copy and a
   // permuted one in ATen.
   static at::Tensor pack(const at::Tensor& m) {
