@@ -48,14 +48,15 @@ def caption(table: Table) -> str:
 
 
 def _is_figure(column: str) -> bool:
-    return column.endswith(("_ms", "_bytes", "_us_per_token")) or column.startswith(("time_", "mem_"))
+    return column.endswith(("_ms", "_bytes", "_us_per_token", "_faults")) or column.startswith(("time_", "mem_"))
 
 
 def _header(column: str) -> str:
     for prefix, label in (("time_", "time"), ("mem_", "mem")):
         if column.startswith(prefix):
             return f"{label} {column[len(prefix):]}"
-    for suffix, unit in (("_peak_bytes", "peak MiB"), ("_bytes", "MiB"), ("_ms", "ms"), ("_us_per_token", "us/token")):
+    for suffix, unit in (("_peak_bytes", "peak MiB"), ("_bytes", "MiB"), ("_ms", "ms"), ("_us_per_token", "us/token"),
+                         ("_faults", "faults")):
         if column.endswith(suffix):
             return f"{column[: -len(suffix)]} {unit}"
     return column

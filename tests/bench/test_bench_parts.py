@@ -153,3 +153,16 @@ def test_cuda_measurements_are_taken_on_the_benchmark_s_gpu(monkeypatch):
     measured = measure({"ours": Subject("ours", lambda: None)}, rounds=2, warmup=1, device="cuda:1")
     assert measured["ours"].peak_bytes == 0 and measured["ours"].rounds >= 2
     assert asked and all(d == torch.device("cuda:1") for d in asked)
+
+
+def test_page_faults_are_figures_never_hoisted_as_constants():
+    """The 'alone' section's page faults per step are measurements: a column with the same
+    count in every row (e.g. none at all) stays in the table, with its unit, rather than
+    going into the caption with the parameters."""
+    from lightning_rnn.bench.measure import Table
+    from lightning_rnn.bench.report import caption, markdown
+
+    rows = [{"cell": "lstm", "hidden": h, "ours_ms": 1.0 * h, "ours_faults": 0.0, "torch_faults": 3.5} for h in (8, 16)]
+    table = Table("alone", "a title", rows)
+    assert caption(table) == "cell=lstm"
+    assert "| hidden | ours ms | ours faults | torch faults |" in markdown(table)
