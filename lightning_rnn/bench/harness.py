@@ -73,6 +73,7 @@ def main(cfg: BenchConfig | Mapping | None = None, log: Log | None = None) -> Be
     has none). See ``conf/bench/default.yaml`` for every key.
     """
     cfg = BenchConfig.from_any(bench_node(cfg))
+    check_device(cfg.device)
     log = log or (lambda line: print(line, flush=True))
     out_dir = output_dir(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -100,6 +101,19 @@ def main(cfg: BenchConfig | Mapping | None = None, log: Log | None = None) -> Be
         torch.set_num_threads(previous_threads)
     log(f"results in {out_dir}")
     return result
+
+
+def check_device(device: str) -> None:
+    """A ValueError naming ``bench.device`` if this machine has no such device (before any
+    section starts, rather than a CUDA error from inside one of them or from a worker)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"bench.device: {device!r}, but CUDA is not available here "
+                         f"(torch {torch.__version__}); set it to 'cpu'")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"bench.device: {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _projection(cfg: BenchConfig, log: Log) -> Table:

@@ -69,6 +69,22 @@ def test_main_finds_the_bench_node_of_the_app_config():
     assert bench_node(bench) is bench
 
 
+@pytest.mark.parametrize(("device", "gpus", "expected"), [("cuda", 0, "CUDA is not available"),
+                                                         ("cuda:1", 1, "has 1 CUDA device")])
+def test_main_refuses_a_missing_cuda_device_before_running(monkeypatch, tmp_path, device, gpus, expected):
+    """bench.device=cuda where there is no such GPU: a ValueError naming the key, before any
+    section runs or writes (not a CUDA assertion from the first section or a worker)."""
+    import torch
+
+    from lightning_rnn.bench.harness import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ValueError, match=rf"bench.device: '{device}', but .*{expected}"):
+        main({"device": device, "out_dir": str(tmp_path / "out")}, log=lambda line: None)
+    assert not (tmp_path / "out").exists()
+
+
 def _compose_app(overrides):
     root = str(Path(conf_dir()).parent)
     with initialize_config_dir(config_dir=root, version_base="1.3"):
