@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +63,9 @@ def _run_worker(spec: dict) -> dict:
     done = subprocess.run([sys.executable, "-m", "lightning_rnn.bench.alone", json.dumps(spec)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"bench.alone: the worker for {spec['impl']} failed:\n{done.stderr[-2000:]}")
+        status = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+                  else f"exit status {done.returncode}")
+        raise RuntimeError(f"bench.alone: the worker for {spec['impl']} failed ({status}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -149,6 +149,20 @@ def test_alone_section_runs_each_implementation_in_processes_of_its_own(run):
         _run_worker(spec | {"cell": "rnn"})
 
 
+@pytest.mark.parametrize(("command", "status"), [("exit 3", "exit status 3"), ("kill -9 $$", "killed by SIGKILL")])
+def test_alone_worker_dying_silently_is_reported_with_its_status(monkeypatch, tmp_path, command, status):
+    """A worker that dies without a word on stderr (the OOM killer, a crash) is reported
+    with how it ended, not as a bare 'failed'."""
+    from lightning_rnn.bench import alone
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\n{command}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(alone.sys, "executable", str(fake))
+    with pytest.raises(RuntimeError, match=rf"the worker for ours failed \({status}\)"):
+        alone._run_worker({"impl": "ours"})
+
+
 def test_threads_fixed_for_the_run_and_restored(run):
     _, result, lines, threads_before = run
     assert result.threads == 1
