@@ -71,17 +71,14 @@ def _run_worker(spec: dict) -> dict:
 
 def train_alone(spec: dict) -> dict:
     """The worker's loop; returns the median step seconds and page faults per step."""
-    from torch import nn
-
-    from ..layers import FusedGRU, FusedLSTM
+    from .subjects import FUSED, TORCH
 
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec["seed"])
     impl = parse_impl(spec["impl"])
     hidden, device = spec["hidden"], torch.device(spec["device"])
-    reference = {"lstm": nn.LSTM, "gru": nn.GRU}[spec["cell"]](hidden, hidden, spec["layers"]).to(device)
-    fused = {"lstm": FusedLSTM, "gru": FusedGRU}[spec["cell"]]
-    layer = reference if impl.base == "torch" else fused.from_torch(reference, backend=impl.backend)
+    reference = TORCH[spec["cell"]](hidden, hidden, spec["layers"]).to(device)
+    layer = reference if impl.base == "torch" else FUSED[spec["cell"]].from_torch(reference, backend=impl.backend)
     optimizer = torch.optim.Adam(layer.parameters(), lr=1e-3)
     x = torch.randn(spec["seq_len"], spec["batch"], hidden, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

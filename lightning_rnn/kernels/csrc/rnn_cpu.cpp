@@ -150,7 +150,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_capacity", &BufferPool::get_capacity, "bytes of kernel buffers kept mapped at most");
   m.def("pool_idle_bytes", &BufferPool::idle_bytes, "bytes of kernel buffers kept mapped now, unused");
   m.def("panel_width", [] { return PanelGemm::kWidth; }, "columns per panel: two of the build's widest vectors");
-  m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/16), K, 16) panels");
+  m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/w), K, w) panels, w = panel_width()");
   m.def(
       "panel_gemm",
       [](const at::Tensor& a, const at::Tensor& panels, int64_t N) {
