@@ -13,6 +13,7 @@ inputs and is rerun during backward.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -45,7 +46,7 @@ class GradientCheckpointing(Callback):
         if chunk_size is None:
             raise ValueError("chunk_size: expected 'sqrt' or an int >= 1, got None")
         self.chunk_size = check_chunk_size(chunk_size, "chunk_size")
-        if isinstance(modules, str) or not all(isinstance(m, str) for m in modules):
+        if isinstance(modules, str) or not isinstance(modules, Sequence) or not all(isinstance(m, str) for m in modules):
             raise TypeError(f"modules: expected a list of submodule names, got {modules!r}")
         if len(set(modules)) != len(modules):
             raise ValueError(f"modules: expected distinct submodule names, got {list(modules)!r}")

@@ -51,6 +51,9 @@ class LengthBucketBatchSampler(BatchSampler):
 
     def _batches(self) -> list[torch.Tensor]:
         indices = torch.as_tensor(list(self.sampler), dtype=torch.long)
+        if len(indices) and not 0 <= int(indices.min()) <= int(indices.max()) < len(self.lengths):
+            raise ValueError(f"lengths: expected one length per item of the dataset ({len(self.lengths)} given), but the "
+                             f"sampler draws indices {int(indices.min())}..{int(indices.max())}")
         if self.drop_last:  # the sampler's last N % batch_size indices, as BatchSampler drops them: a random
             indices = indices[: len(indices) - len(indices) % self.batch_size]  # few, not the shortest
         full, leftover = [], []

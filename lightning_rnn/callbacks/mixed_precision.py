@@ -33,6 +33,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixed
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.plugins.precision import Precision
 
+from ..utils.checks import check_positive_number
+
 _SKIPPED_KEY = "lightning_rnn_skipped_steps"  # beside the GradScaler's state in a checkpoint
 
 # dtype name -> (torch dtype, Lightning's precision string)
@@ -83,10 +85,9 @@ class MixedPrecision(Callback):
     """
 
     def __init__(self, dtype: str = "bf16", init_scale: float | None = None, growth_interval: int | None = None):
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
-        if init_scale is not None and not init_scale > 0:
-            raise ValueError(f"init_scale: expected None or a number > 0, got {init_scale!r}")
+        check_positive_number("init_scale", init_scale, optional=True)  # an inf scale never comes down
         if growth_interval is not None and (isinstance(growth_interval, bool) or not isinstance(growth_interval, int)
                                             or growth_interval < 1):
             raise ValueError(f"growth_interval: expected None or an int >= 1, got {growth_interval!r}")

@@ -28,6 +28,7 @@ re-creates the batch sampler around its DistributedSampler, whether the dataload
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from lightning.fabric.utilities.data import _replace_dunder_methods
@@ -36,6 +37,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from ..data.streams import ResumableLoader
+from ..utils.checks import check_flag
 from .length_bucketing import LengthBucketBatchSampler
 
 
@@ -90,11 +92,15 @@ class PackedSequences(Callback):
             isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1
         ):
             raise ValueError(f"bucket_size: expected None or an int >= 1, got {bucket_size!r}")
-        self.bucket_size, self.bucketing, self.shuffle = bucket_size, bool(bucketing), bool(shuffle)
+        self.bucket_size = bucket_size
+        self.bucketing, self.shuffle = check_flag("bucketing", bucketing), check_flag("shuffle", shuffle)
+        for name, key in (("inputs_key", inputs_key), ("lengths_key", lengths_key)):
+            if not isinstance(key, str):
+                raise TypeError(f"{name}: expected a batch key (a str), got {key!r}")
         self.inputs_key, self.lengths_key = inputs_key, lengths_key
         if isinstance(pack_keys, str):
             pack_keys = (pack_keys,)
-        if pack_keys is not None and not all(isinstance(k, str) for k in pack_keys):
+        if pack_keys is not None and (not isinstance(pack_keys, Sequence) or not all(isinstance(k, str) for k in pack_keys)):
             raise TypeError(f"pack_keys: expected a list of batch keys, got {pack_keys!r}")
         self.pack_keys = tuple(pack_keys) if pack_keys is not None else (inputs_key,)
         self._restore = None

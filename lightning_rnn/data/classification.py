@@ -10,6 +10,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, random_split
 
+from ..utils.checks import check_seed
 from .base import RNNDataModule, check_positive_int, split_sizes
 
 
@@ -79,6 +80,8 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
             rows = list(csv.DictReader(f))
     else:
         raise ValueError(f"path: expected a .csv or .jsonl file, got {str(path)!r}")
+    if not rows:
+        raise ValueError(f"path: {path} holds no records (expected one per sequence, with 'sequence' and 'label')")
     for number, row in enumerate(rows, start=1):
         missing = [key for key in ("sequence", "label") if key not in row]
         if missing:
@@ -137,12 +140,13 @@ class SequenceClassificationDataModule(RNNDataModule):
         self.path = path
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.num_classes = check_positive_int("num_classes", num_classes)
-        if not 1 <= min_len <= max_len:
+        check_positive_int("min_len", min_len), check_positive_int("max_len", max_len)
+        if not min_len <= max_len:
             raise ValueError(f"min_len, max_len: expected 1 <= min_len <= max_len, got {min_len}, {max_len}")
         self.min_len, self.max_len = min_len, max_len
         self.fractions = (val_fraction, test_fraction)
         split_sizes(1, *self.fractions)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.classes: list[str] = []
         self.num_features: int | None = None  # known after setup
 

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+
+from ..utils.checks import check_seed
 
 from .base import RNNDataModule, check_positive_int, split_sizes
 
@@ -62,6 +65,8 @@ def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
                     raise ValueError(f"path: line {reader.line_num} of {path.name}, column {name!r}: "
                                      f"expected a number, got {row[name]!r}") from None
             rows.append(values)
+    if not rows:
+        raise ValueError(f"path: {path} has a header but no rows of values")
     return torch.tensor(rows, dtype=torch.float32)
 
 
@@ -84,7 +89,10 @@ class ForecastingDataModule(RNNDataModule):
         super().__init__(batch_size=batch_size, num_workers=num_workers)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"path: no such file {path!r}")
-        self.path, self.columns, self.seed = path, columns, seed
+        if columns is not None and not isinstance(columns, str) and (
+                not isinstance(columns, Sequence) or not all(isinstance(c, str) for c in columns)):
+            raise TypeError(f"columns: expected None, a column name or a list of names, got {columns!r}")
+        self.path, self.columns, self.seed = path, columns, check_seed(seed)
         self.num_steps = check_positive_int("num_steps", num_steps)
         self.input_len = check_positive_int("input_len", input_len)
         self.horizon = check_positive_int("horizon", horizon)

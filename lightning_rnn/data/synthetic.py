@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..utils.checks import check_seed
 from .base import SPLITS, DictDataset, RNNDataModule, check_positive_int
 
 #: Copy-memory symbols: id 0 is the blank, 1-8 the symbols to copy, 9 the delimiter.
@@ -60,7 +61,7 @@ class _SyntheticDataModule(RNNDataModule):
         self.sizes = {
             split: check_positive_int(f"num_{split}", n) for split, n in zip(SPLITS, (num_train, num_val, num_test))
         }
-        self.seed = seed
+        self.seed = check_seed(seed)
 
     def generate(self, num_samples: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         raise NotImplementedError

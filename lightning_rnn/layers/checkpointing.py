@@ -41,6 +41,7 @@ a reverse direction visits the chunks last to first.
 from __future__ import annotations
 
 import math
+import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -60,9 +61,9 @@ def check_chunk_size(value, name: str = "checkpoint_chunk_size"):
     """None (off), "sqrt" or an int >= 1; anything else is a ValueError naming ``name``."""
     if value is None or value == "sqrt":
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name}: expected None, 'sqrt' or an int >= 1, got {value!r}")
-    return value
+    return int(value)  # a numpy int as torch.nn-style sizes are taken
 
 
 def chunk_length(chunk_size, num_steps: int) -> int | None:

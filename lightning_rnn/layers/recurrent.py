@@ -26,6 +26,7 @@ from torch.nn.utils import parametrize
 
 from ..kernels import dispatch, precision
 from ..kernels.precision import compute_input
+from ..utils.checks import check_flag, check_int
 from . import checkpointing
 from .sequence import InputMismatchError, SequenceBatch
 
@@ -42,22 +43,6 @@ class CellSpec:
 _CONFIG_KEYS = (
     "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional", "proj_size"
 )
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_flag(name: str, value) -> bool:
-    """A bool, 0 or 1, or a numpy bool (a flag read from an array or a numpy-backed config)."""
-    numpy_bool = getattr(value, "dtype", None) == bool and getattr(value, "shape", None) == ()
-    if not (isinstance(value, numbers.Integral) or numpy_bool) or value not in (0, 1):
-        raise TypeError(f"{name}: expected a bool, got {value!r}")
-    return bool(value)
 
 
 class FusedRNNBase(nn.Module):
@@ -82,9 +67,9 @@ class FusedRNNBase(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        self.input_size = _check_int("input_size", input_size, 1)
-        self.hidden_size = _check_int("hidden_size", hidden_size, 1)
-        self.num_layers = _check_int("num_layers", num_layers, 1)
+        self.input_size = check_int("input_size", input_size, 1)
+        self.hidden_size = check_int("hidden_size", hidden_size, 1)
+        self.num_layers = check_int("num_layers", num_layers, 1)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
             raise ValueError(f"dropout: expected a float in [0, 1], got {dropout!r}")
         self.dropout = float(dropout)
@@ -95,10 +80,10 @@ class FusedRNNBase(nn.Module):
                 UserWarning,
                 stacklevel=2,
             )
-        self.bias = _check_flag("bias", bias)
-        self.batch_first = _check_flag("batch_first", batch_first)
-        self.bidirectional = _check_flag("bidirectional", bidirectional)
-        self.proj_size = _check_int("proj_size", proj_size, 0)
+        self.bias = check_flag("bias", bias)
+        self.batch_first = check_flag("batch_first", batch_first)
+        self.bidirectional = check_flag("bidirectional", bidirectional)
+        self.proj_size = check_int("proj_size", proj_size, 0)
         if self.proj_size and not self.cell.projects:
             raise ValueError(f"proj_size: only FusedLSTM has a projection (as in torch.nn), got {proj_size!r}")
         if self.proj_size >= self.hidden_size:

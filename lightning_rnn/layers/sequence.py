@@ -41,6 +41,10 @@ class SequenceBatch:
     @classmethod
     def from_input(cls, input, batch_first: bool, input_size: int) -> "SequenceBatch":
         if isinstance(input, PackedSequence):
+            if input.data.dim() != 2:  # pack_padded_sequence makes (N, input_size) rows
+                raise InputMismatchError(
+                    f"input.data: expected a 2-D (N, input_size) tensor of packed rows, got shape {tuple(input.data.shape)}"
+                )
             _check_features(input.data, input_size, "input.data")
             sizes = _check_packed(input)
             return cls(

@@ -6,11 +6,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from ..data.vocab import CharVocab
 from ..layers import TemporalAdapter
+from ..utils.checks import check_seed
 from .rnn_module import RNNModule
-from .sampling import check_sampling_arguments, sample_next
+from .sampling import check_length, check_sampling_arguments, plain_number, sample_next
 from .text_logging import log_text_samples
 
 
@@ -34,11 +36,36 @@ class CharLanguageModel(RNNModule):
 
     def __init__(self, vocab: str, embedding_dim: int = 64, val_sample_length: int = 200,
                  val_sample_temperature: float = 0.8, **kwargs):
+        # checked now, not when the first validation samples (after a whole training interval)
+        check_length(val_sample_length, "val_sample_length")
+        check_sampling_arguments(val_sample_temperature, None, "val_sample_temperature")
         super().__init__(input_size=embedding_dim, **kwargs)
         self.vocab = CharVocab(vocab)
         self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
         self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
         self._val_samples: list[tuple[int, str]] = []
+
+    def encode(self, inputs, state=None, lengths=None):
+        self.check_token_ids(inputs)
+        return super().encode(inputs, state, lengths)
+
+    def check_token_ids(self, inputs) -> None:
+        """A ValueError naming ``inputs`` unless they are integer ids of the vocabulary (padded
+        or packed), rather than the embedding's IndexError (on a GPU, a device-side assert).
+        Skipped where a subclass replaced the embedding."""
+        if not isinstance(self.input_layer, nn.Embedding):
+            return
+        ids = inputs.data if isinstance(inputs, PackedSequence) else inputs
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            described = f"{ids.dtype} of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) \
+                else type(ids).__name__
+            raise ValueError(f"inputs: expected integer character ids of shape (B, T), got {described}")
+        size = self.input_layer.num_embeddings
+        if ids.numel():
+            low, high = (int(v) for v in torch.aminmax(ids))  # one read
+            if low < 0 or high >= size:
+                raise ValueError(f"inputs: expected ids in [0, {size - 1}] (the vocabulary's {size} characters), "
+                                 f"got ids from {low} to {high}")
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
         """(B, T, D*H) -> logits (B, T, V)."""
@@ -65,8 +92,7 @@ class CharLanguageModel(RNNModule):
         characters is drawn uniformly. ``seed`` makes the result reproducible without
         touching the global RNG.
         """
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise ValueError(f"length: expected an int >= 0, got {length!r}")
+        length, seed = check_length(length), check_seed(plain_number(seed), optional=True)
         temperature, top_k = check_sampling_arguments(temperature, top_k)
         if not start_text and length == 0:
             return ""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 from typing import Callable
 
 import torch
@@ -15,6 +16,7 @@ from torch.utils.data import DistributedSampler, RandomSampler
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from ..data.streams import trainer_batches_done
+from ..utils.checks import check_flag
 from . import factories
 from .packing import pack_like
 from .state import State, detach_state, state_batch_size
@@ -192,7 +194,9 @@ class RNNModule(LightningModule):
         if tbptt_steps is not None and (isinstance(tbptt_steps, bool) or not isinstance(tbptt_steps, int)
                                         or tbptt_steps < 1):
             raise ValueError(f"tbptt_steps: expected None or an int >= 1, got {tbptt_steps!r}")
-        if grad_clip is not None and not grad_clip > 0:
+        check_flag("stateful", stateful)
+        if grad_clip is not None and (isinstance(grad_clip, bool) or not isinstance(grad_clip, numbers.Real)
+                                      or not grad_clip > 0):
             raise ValueError(f"grad_clip: expected None or a number > 0, got {grad_clip!r}")
         if grad_clip_algorithm not in ("norm", "value"):
             raise ValueError(f"grad_clip_algorithm: expected 'norm' or 'value', got {grad_clip_algorithm!r}")

@@ -28,21 +28,30 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def check_sampling_arguments(temperature, top_k) -> tuple[float, int | None]:
+def check_sampling_arguments(temperature, top_k, temperature_name: str = "temperature") -> tuple[float, int | None]:
     """``(temperature, top_k)`` as a float and an int (from Python, numpy or 0-d tensor
-    numbers); a ValueError naming the argument unless the temperature is finite and >= 0
-    and ``top_k`` None or >= 1."""
-    temperature = _item(temperature)
+    numbers); a ValueError naming the argument (the temperature as ``temperature_name``)
+    unless the temperature is finite and >= 0 and ``top_k`` None or >= 1."""
+    temperature = plain_number(temperature)
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
             or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
-    top_k = _item(top_k)
+        raise ValueError(f"{temperature_name}: expected a finite number >= 0, got {temperature!r}")
+    top_k = plain_number(top_k)
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
     return float(temperature), None if top_k is None else int(top_k)
 
 
-def _item(value):
+def check_length(length, name: str = "length") -> int:
+    """``length`` (characters to generate) as an int >= 0, from Python, numpy or 0-d tensor
+    integers; a ValueError naming ``name`` otherwise."""
+    length = plain_number(length)
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {length!r}")
+    return int(length)
+
+
+def plain_number(value):
     """A one-element tensor's number; anything else as it is."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return value.item()

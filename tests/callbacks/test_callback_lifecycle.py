@@ -175,6 +175,11 @@ def test_memory_logger_says_when_it_has_nothing_to_log():
     (lambda: GradientCheckpointing(modules=["head", "head"]), ValueError, "modules: expected distinct"),
     (lambda: GPUMemoryLogger(snapshot_max_entries=-5), ValueError, "snapshot_max_entries: expected an int >= 1"),
     (lambda: PackedSequences(pack_keys=[1]), TypeError, "pack_keys: expected a list of batch keys"),
+    (lambda: PackedSequences(pack_keys=3), TypeError, "pack_keys: expected a list of batch keys, got 3"),
+    (lambda: PackedSequences(inputs_key=0), TypeError, "inputs_key: expected a batch key .a str., got 0"),
+    # strings were read as True: shuffle="false" shuffled
+    (lambda: PackedSequences(shuffle="false"), TypeError, "shuffle: expected a bool, got 'false'"),
+    (lambda: PackedSequences(bucketing="no"), TypeError, "bucketing: expected a bool, got 'no'"),
 ])
 def test_bad_callback_arguments_are_named(build, error, message):
     with pytest.raises(error, match=message):

@@ -32,6 +32,7 @@ def test_same_training_and_less_activation_memory():
     (dict(chunk_size=None), ValueError, "chunk_size: expected 'sqrt' or an int >= 1, got None"),
     (dict(chunk_size="half"), ValueError, "chunk_size"),
     (dict(modules="head"), TypeError, "modules: expected a list"),
+    (dict(modules=None), TypeError, "modules: expected a list of submodule names, got None"),  # was 'not iterable'
 ])
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -90,7 +90,10 @@ def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_setting
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dtype="fp8"), "dtype: expected one of 'bf16', 'fp16', got 'fp8'"),
-    (dict(init_scale=0), "init_scale: expected None or a number > 0"),
+    (dict(init_scale=0), "init_scale: expected None or a finite number > 0, got 0"),
+    (dict(init_scale="1024"), "init_scale: expected None or a finite number > 0, got '1024'"),  # was a '>' error
+    (dict(init_scale=float("inf")), "init_scale: expected None or a finite number > 0, got inf"),  # never came down
+    (dict(dtype=["bf16"]), r"dtype: expected one of 'bf16', 'fp16', got \['bf16'\]"),  # was 'unhashable type'
     (dict(growth_interval=0), "growth_interval: expected None or an int >= 1"),
 ])
 def test_bad_arguments(kwargs, match):

@@ -94,5 +94,8 @@ def test_bad_arguments_and_batches():
         PackedSequences(bucket_size=0)
     with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= batch_size \(10\), got 5"):
         LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(20), bucket_size=5)
+    with pytest.raises(ValueError, match=r"lengths: expected one length per item of the dataset \(12 given\), but the "
+                                         r"sampler draws indices 0..19"):  # was an IndexError from the sort
+        list(LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(12)))
     with pytest.raises(TypeError, match="PackedSequences: expected dict batches with 'inputs'"):
         PackedSequences().pack(None, (torch.zeros(2, 3, 1), torch.tensor([3, 2])))

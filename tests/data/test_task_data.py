@@ -107,6 +107,54 @@ def test_classification_file_with_a_bad_record_names_it(tmp_path, name, content,
         SequenceClassificationDataModule(path=str(path)).setup()
 
 
+@pytest.mark.parametrize("name, content", [
+    ("data.jsonl", ""), ("data.jsonl", "\n\n"), ("data.csv", ""), ("data.csv", "sequence,label\n"),
+])
+def test_classification_file_without_records_is_named(tmp_path, name, content):
+    """Was an IndexError from reading the first sequence's features."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=f"path: {path} holds no records"):
+        SequenceClassificationDataModule(path=str(path)).setup()
+
+
+def test_forecasting_file_with_only_a_header_is_named(tmp_path):
+    """Was an IndexError from reading the features of an empty (0,) tensor."""
+    path = tmp_path / "series.csv"
+    path.write_text("temp,wind\n")
+    with pytest.raises(ValueError, match=f"path: {path} has a header but no rows of values"):
+        ForecastingDataModule(path=str(path)).setup()
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: SequenceClassificationDataModule(min_len="5"), ValueError, "min_len: expected an int >= 1, got '5'"),
+    (lambda: SequenceClassificationDataModule(min_len=1.5, max_len=3), ValueError, "min_len: expected an int >= 1"),
+    (lambda: SequenceClassificationDataModule(max_len=None), ValueError, "max_len: expected an int >= 1, got None"),
+    (lambda: SequenceClassificationDataModule(seed="a"), ValueError, "seed: expected an int, got 'a'"),
+    (lambda: ForecastingDataModule(seed=None), ValueError, "seed: expected an int, got None"),
+    (lambda: AddingProblemDataModule(seed=1.5), ValueError, "seed: expected an int, got 1.5"),
+    (lambda: CopyMemoryDataModule(seed="0"), ValueError, "seed: expected an int, got '0'"),
+    (lambda: ForecastingDataModule(columns=3), TypeError, "columns: expected None, a column name or a list of names"),
+])
+def test_bad_data_settings_are_named_at_construction(make, error, message):
+    """Were raw TypeErrors (a comparison, torch's manual_seed or randint, iterating an int) at setup."""
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_forecasting_columns_may_come_from_a_hydra_list(tmp_path):
+    """What the checks above must still accept: a Hydra ListConfig of columns, a numpy seed."""
+    np = pytest.importorskip("numpy")
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "series.csv"
+    path.write_text("temp,wind\n" + "".join(f"{t},{t % 3}\n" for t in range(100)))
+    columns = OmegaConf.create({"columns": ["wind"]}).columns
+    data = ForecastingDataModule(path=str(path), columns=columns, input_len=4, horizon=2, seed=np.int64(1))
+    data.setup()
+    assert data.model_kwargs()["input_size"] == 1
+
+
 def test_forecasting_windows_standardized_and_chronological(tmp_path):
     csv_path = tmp_path / "series.csv"
     rows = [f"{t},{math.sin(t / 5):.6f},{t % 7}" for t in range(400)]

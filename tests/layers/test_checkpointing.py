@@ -74,6 +74,13 @@ def test_chunk_size_validation_and_sqrt():
     assert chunk_length("sqrt", 50) == 8 and chunk_length("sqrt", 10_000) == 100 and chunk_length(None, 9) is None
 
 
+def test_chunk_size_may_be_a_numpy_int():
+    """As the layer's sizes may (it was refused as "expected ... an int >= 1, got np.int64(4)")."""
+    np = pytest.importorskip("numpy")
+    layer = FusedLSTM(2, 3, checkpoint_chunk_size=np.int64(4))
+    assert layer.checkpoint_chunk_size == 4 and type(layer.checkpoint_chunk_size) is int
+
+
 def test_chunks_cover_packed_steps_in_visiting_order():
     steps = Steps.from_batch_sizes(torch.tensor([4, 3, 3, 2, 1]), reverse=True)
     chunks = split_steps(steps, 2)

@@ -158,8 +158,10 @@ def _packed(rows: int, batch_sizes, dtype=torch.int64, sorted_indices=None):
         (lambda: _packed(3, [2, 2]), r"input.data: expected 4 rows \(the sum of input.batch_sizes\), got 3"),
         (lambda: _packed(4, [2, 2], sorted_indices=torch.tensor([2, 0, 1])),
          r"input.sorted_indices: expected one index per sequence, shape \(2,\), got shape \(3,\)"),
+        (lambda: PackedSequence(torch.randn(4, 1, 3), torch.tensor([2, 2])),
+         r"input.data: expected a 2-D \(N, input_size\) tensor of packed rows, got shape \(4, 1, 3\)"),
     ],
-    ids=["increasing", "empty_step", "int32", "extra_rows", "missing_rows", "sorted_indices"],
+    ids=["increasing", "empty_step", "int32", "extra_rows", "missing_rows", "sorted_indices", "3d_data"],
 )
 @pytest.mark.parametrize("backend", available_backends("cpu") + ["torch"])
 @pytest.mark.parametrize("layer_class", [FusedLSTM, FusedGRU])
@@ -167,7 +169,7 @@ def test_a_malformed_packed_sequence_is_named(layer_class, backend, make_input, 
     """A hand-built PackedSequence that pack_padded_sequence could not have made is refused
     for every backend before any kernel runs (the reference backend ran one with an empty
     step as another batch, and failed deep inside for the others; torch.nn runs one with
-    extra rows)."""
+    extra rows, and one with (N, 1, I) data)."""
     layer = layer_class(3, 4, num_layers=2, backend=backend)
     with pytest.raises(InputMismatchError, match=match):
         layer(make_input())

@@ -42,6 +42,8 @@ def test_top_k_one_is_greedy(model):
     (dict(temperature=float("inf"), length=0), "temperature"),  # checked before any step
     (dict(top_k=0), "top_k"),
     (dict(length=-1), "length"),
+    (dict(seed="1"), "seed: expected None or an int, got '1'"),  # was torch's manual_seed RuntimeError
+    (dict(seed=1.5), "seed: expected None or an int, got 1.5"),
 ])
 def test_sample_rejects_bad_arguments(model, arguments, message):
     with pytest.raises(ValueError, match=message):
@@ -53,6 +55,19 @@ def test_sample_takes_numpy_and_tensor_numbers(model):
     expected = model.sample("a", 10, temperature=0.5, top_k=3, seed=2)
     assert model.sample("a", 10, temperature=np.float32(0.5), top_k=np.int64(3), seed=2) == expected
     assert model.sample("a", 10, temperature=torch.tensor(0.5), top_k=torch.tensor(3), seed=2) == expected
+    assert model.sample("a", np.int64(10), temperature=0.5, top_k=3, seed=np.int64(2)) == expected
+    assert model.sample("a", torch.tensor(10), temperature=0.5, top_k=3, seed=torch.tensor(2)) == expected
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(val_sample_length=-1), "val_sample_length: expected an int >= 0, got -1"),
+    (dict(val_sample_length="200"), "val_sample_length: expected an int >= 0, got '200'"),
+    (dict(val_sample_temperature=-0.5), "val_sample_temperature: expected a finite number >= 0, got -0.5"),
+])
+def test_bad_validation_sample_settings_are_refused_at_construction(arguments, message):
+    """Not after a whole training interval, when the first validation samples."""
+    with pytest.raises(ValueError, match=message):
+        CharLanguageModel(vocab=VOCAB, rnn=rnn_factory(), optimizer=adam(), **arguments)
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(model):
@@ -80,3 +95,18 @@ def test_checkpoint_alone_restores_the_model_and_its_vocabulary(model, tmp_path)
     restored = CharLanguageModel.load_from_checkpoint(tmp_path / "model.ckpt")
     assert restored.vocab.chars == VOCAB
     assert restored.sample("a", 30, seed=1) == model.sample("a", 30, seed=1)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    (torch.tensor([[0, len(VOCAB)]]), rf"inputs: expected ids in \[0, {len(VOCAB) - 1}\] .* got ids from 0 to {len(VOCAB)}"),
+    (torch.tensor([[-1, 2]]), "inputs: expected ids in .* got ids from -1 to 2"),
+    (torch.zeros(1, 3), r"inputs: expected integer character ids of shape \(B, T\), got torch.float32 of shape \(1, 3\)"),
+])
+def test_inputs_that_are_not_ids_of_the_vocabulary_are_named(model, inputs, message):
+    """Were the embedding's IndexError ('index out of range in self'; a device-side assert on
+    a GPU) or its dtype RuntimeError."""
+    with pytest.raises(ValueError, match=message):
+        model(inputs)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(inputs, torch.tensor([inputs.shape[1]]), batch_first=True)
+    with pytest.raises(ValueError, match=message.replace(r"of shape \(1, 3\)", r"of shape \(3,\)")):
+        model(packed)

@@ -267,6 +267,8 @@ def test_split_batch_requires_equal_lengths():
     ({"tbptt_steps": 0}, ValueError, "tbptt_steps"),
     ({"scheduler_interval": "batch"}, ValueError, "scheduler_interval"),
     ({"grad_clip": -1.0}, ValueError, "grad_clip"),
+    ({"grad_clip": "5"}, ValueError, "grad_clip: expected None or a number > 0, got '5'"),  # was a bare '>' error
+    ({"stateful": "no"}, TypeError, "stateful: expected a bool, got 'no'"),  # was read as True
     ({"grad_clip_algorithm": "l2"}, ValueError, "grad_clip_algorithm"),
     ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches"),
     ({"optimizer": "adam"}, TypeError, "optimizer"),
