@@ -51,8 +51,9 @@ class CharLanguageModel(RNNModule):
 
     def check_token_ids(self, inputs) -> None:
         """A ValueError naming ``inputs`` unless they are integer ids of the vocabulary (padded
-        or packed), rather than the embedding's IndexError (on a GPU, a device-side assert).
-        Skipped where a subclass replaced the embedding."""
+        or packed), rather than the embedding's IndexError. Skipped where a subclass replaced
+        the embedding. The ids' range is read on CPU only: on a GPU that read would be one
+        synchronization per step (torch.nn.Embedding, too, leaves it to a device-side assert)."""
         if not isinstance(self.input_layer, nn.Embedding):
             return
         ids = inputs.data if isinstance(inputs, PackedSequence) else inputs
@@ -61,7 +62,7 @@ class CharLanguageModel(RNNModule):
                 else type(ids).__name__
             raise ValueError(f"inputs: expected integer character ids of shape (B, T), got {described}")
         size = self.input_layer.num_embeddings
-        if ids.numel():
+        if ids.numel() and ids.device.type == "cpu":
             low, high = (int(v) for v in torch.aminmax(ids))  # one read
             if low < 0 or high >= size:
                 raise ValueError(f"inputs: expected ids in [0, {size - 1}] (the vocabulary's {size} characters), "
