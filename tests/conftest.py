@@ -1,7 +1,8 @@
 """Project-wide test settings: offline logging, seeded, one intra-op thread.
 
 Tests use tiny shapes; on a shared 2-core machine one thread runs them many times
-faster than two contending ones. OMP_NUM_THREADS is set before torch is imported so
+faster than two contending ones. The tests of the kernels' parallel paths ask for more
+with the ``threads`` fixture. OMP_NUM_THREADS is set before torch is imported so
 subprocesses (CLI, DDP tests) inherit it.
 """
 import os
@@ -22,3 +23,14 @@ def _seed_and_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def threads(request):
+    """``torch.set_num_threads(n)`` for one test, n its indirect parameter
+    (``@pytest.mark.parametrize("threads", [2, 4], indirect=True)``): the tests of the
+    kernels' parallel paths, which the one thread above never takes. One thread again
+    after the test (and the caller's count after that, by the fixture above)."""
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(1)

@@ -2,7 +2,8 @@
 
 ``COMPILED`` lists (backend, device) pairs as pytest params. CUDA cases are skipped,
 with the reason, where there is no GPU; the CPU backend is never skipped: if it
-cannot be built, its tests fail with the compiler's message.
+cannot be built, its tests fail with the compiler's message. The rest: the arguments
+of one layer-direction call, and the parity checks the kernel tests share.
 """
 import pytest
 import torch
@@ -57,3 +58,34 @@ def run_and_grad(fn, args, seed=1):
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     return [o.detach() for o in outs], list(grads)
+
+
+def recast(args, dtype, weight_scale, weights=(-5, -4)):
+    """Fresh leaves of args in dtype, the weights at positions ``weights`` scaled by
+    weight_scale (w_ih and w_hh in make_args' order ..., w_ih, w_hh, b_ih, b_hh, reverse;
+    with a projection (-6, -5, -1): ..., reverse, w_hr)."""
+    out = []
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            a = a.detach() * (weight_scale if k - len(args) in weights else 1)
+            a = a.to(dtype).requires_grad_()
+        out.append(a)
+    return tuple(out)
+
+
+def check_float32_error(ours_fn, reference_fn, base, weights):
+    """ours_fn in float32 against reference_fn in float64 on the same values: the relative
+    error of every output and gradient at most 4x the float32 reference's."""
+    args32 = recast(base, torch.float32, 0.1, weights)  # weights ~ 0.05: gates not saturated
+    args64 = tuple(a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                   else a for a in args32)
+    exact = run_and_grad(reference_fn, args64)
+    ours = run_and_grad(ours_fn, recast(args32, torch.float32, 1))
+    ref32 = run_and_grad(reference_fn, recast(args32, torch.float32, 1))
+    for got, ref, want in zip(ours[0] + ours[1], ref32[0] + ref32[1], exact[0] + exact[1]):
+        assert (got is None) == (want is None)
+        if want is not None:
+            scale = float(want.abs().max()) + 1e-12
+            err = float((got.double() - want).abs().max()) / scale
+            ref_err = float((ref.double() - want).abs().max()) / scale
+            assert err <= 4 * ref_err + 1e-6, (err, ref_err)

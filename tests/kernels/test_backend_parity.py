@@ -9,7 +9,7 @@ import torch
 
 from lightning_rnn.kernels import cpp, reference
 
-from kernel_cases import COMPILED, kernels_for, make_args, run_and_grad
+from kernel_cases import COMPILED, check_float32_error, kernels_for, make_args, run_and_grad
 
 SCHEDULES = {
     "full": [3, 3, 3, 3],
@@ -188,19 +188,6 @@ def test_forward_mode_ad_is_refused_under_no_grad(backend, device):
             kernels.gru(fwAD.make_dual(x, torch.ones_like(x)), *rest)
 
 
-def _recast(args, dtype, weight_scale, weights=(-5, -4)):
-    """Fresh leaves of args in dtype, the weights at positions ``weights`` scaled by
-    weight_scale (w_ih and w_hh in make_args' order ..., w_ih, w_hh, b_ih, b_hh, reverse;
-    with a projection (-6, -5, -1): ..., reverse, w_hr)."""
-    out = []
-    for k, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            a = a.detach() * (weight_scale if k - len(args) in weights else 1)
-            a = a.to(dtype).requires_grad_()
-        out.append(a)
-    return tuple(out)
-
-
 @pytest.mark.parametrize(
     "schedule",
     [[6] * 9, [6, 6, 5, 5, 4, 3, 3, 2, 1], [13] * 4 + [7] * 4 + [1], [48] * 6 + [40] * 4 + [30] * 4, [72] * 5 + [66] * 4],
@@ -222,7 +209,7 @@ def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, pa
     float64 reference on the same values, the error must be of the order of the float32
     reference's own. With panels on and off (they are off by default on CPUs with AVX-512:
     the steps then run in oneDNN or at::mm)."""
-    _check_float32_error(_call(kernels_for("cpp"), cell), _call(reference, cell),
+    check_float32_error(_call(kernels_for("cpp"), cell), _call(reference, cell),
                          make_args(cell, schedule, I=I, H=H, reverse=reverse), (-5, -4))
 
 
@@ -235,7 +222,7 @@ def test_float32_projected_lstm_fast_paths_close_to_reference(reverse, schedule,
     dh W_hr on panels up to 64 rows, else oneDNN / at::mm; one GEMM over all rows to
     rebuild h_t, and dW_hr): error of the order of the float32 reference's own."""
     args = make_args("lstm", schedule, I=I, H=H, P=P, reverse=reverse)
-    _check_float32_error(kernels_for("cpp").lstm, reference.lstm, args, (-6, -5, -1))
+    check_float32_error(kernels_for("cpp").lstm, reference.lstm, args, (-6, -5, -1))
 
 
 @pytest.fixture(params=[True, False], ids=["panels", "no_panels"])
@@ -263,24 +250,6 @@ def test_panels_are_on_by_default_with_the_cpus_widest_vectors():
     ext = cpp.load()
     assert ext.panels_enabled()
     assert ext.panel_width() == (32 if "avx512f" in flags else 16)
-
-
-def _check_float32_error(ours_fn, reference_fn, base, weights):
-    """ours_fn in float32 against reference_fn in float64 on the same values: the relative
-    error of every output and gradient at most 4x the float32 reference's."""
-    args32 = _recast(base, torch.float32, 0.1, weights)  # weights ~ 0.05: gates not saturated
-    args64 = tuple(a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                   else a for a in args32)
-    exact = run_and_grad(reference_fn, args64)
-    ours = run_and_grad(ours_fn, _recast(args32, torch.float32, 1))
-    ref32 = run_and_grad(reference_fn, _recast(args32, torch.float32, 1))
-    for got, ref, want in zip(ours[0] + ours[1], ref32[0] + ref32[1], exact[0] + exact[1]):
-        assert (got is None) == (want is None)
-        if want is not None:
-            scale = float(want.abs().max()) + 1e-12
-            err = float((got.double() - want).abs().max()) / scale
-            ref_err = float((ref.double() - want).abs().max()) / scale
-            assert err <= 4 * ref_err + 1e-6, (err, ref_err)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
