@@ -82,7 +82,7 @@ def test_checkpoint_alone_restores_the_model_and_its_vocabulary(model, tmp_path)
     assert restored.sample("a", 30, seed=1) == model.sample("a", 30, seed=1)
 
 
-def test_validation_samples_keep_only_the_newest(model, monkeypatch):
+def test_validation_samples_keep_only_the_newest(monkeypatch):
     """One sample per validation, and the table logged is the newest ``val_samples_kept``
     of them: a table of every sample grew without bound over a long run (each log wrote
     all of them again)."""
