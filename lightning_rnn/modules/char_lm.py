@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,10 @@ class CharLanguageModel(RNNModule):
     Batches: ``inputs`` and ``targets`` (B, T) int64 ids; predictions are logits (B, T, V).
     Logs the loss in nats per character and, derived from it, ``bpc`` (bits per
     character) and ``ppl`` (perplexity). After every validation it samples
-    ``val_sample_length`` characters and logs them (a wandb.Table under wandb).
+    ``val_sample_length`` characters and logs them: under wandb a table of the newest
+    :attr:`val_samples_kept` samples. Each validation logs the whole table again: a table
+    of every sample made each log bigger than the last (the run's files grew quadratically
+    with its validations) and its file lost the newest samples past wandb's 10,000 rows.
 
     Args:
         vocab: the characters, stored in the checkpoint so sampling needs nothing else.
@@ -34,6 +38,9 @@ class CharLanguageModel(RNNModule):
 
     derived_arguments = ("input_size",)
 
+    #: Rows of the ``val/samples`` table: the newest samples, one per validation.
+    val_samples_kept: int = 100
+
     def __init__(self, vocab: str, embedding_dim: int = 64, val_sample_length: int = 200,
                  val_sample_temperature: float = 0.8, **kwargs):
         # checked now, not when the first validation samples (after a whole training interval)
@@ -43,7 +50,7 @@ class CharLanguageModel(RNNModule):
         self.vocab = CharVocab(vocab)
         self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
         self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
-        self._val_samples: list[tuple[int, str]] = []
+        self._val_samples: deque[tuple[int, str]] = deque(maxlen=self.val_samples_kept)
 
     def encode(self, inputs, state=None, lengths=None):
         self.check_token_ids(inputs)

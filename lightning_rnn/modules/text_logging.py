@@ -1,11 +1,13 @@
 """Logging generated text to whichever loggers the Trainer has."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 
 
-def log_text_samples(loggers: list[Logger], key: str, rows: list[tuple[int, str]]) -> None:
-    """Log ``rows`` of ``(step, text)``: a wandb.Table of all rows so far, or the newest
+def log_text_samples(loggers: list[Logger], key: str, rows: Sequence[tuple[int, str]]) -> None:
+    """Log ``rows`` of ``(step, text)``: a wandb.Table of them, or the newest
     row as TensorBoard text. Other loggers have no text support and are skipped."""
     step, text = rows[-1]
     for logger in loggers:

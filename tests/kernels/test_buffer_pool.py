@@ -89,6 +89,18 @@ def test_capacity_bounds_the_idle_bytes_and_zero_frees_them(ext):
     assert ext.pool_idle_bytes() == 0
 
 
+@pytest.mark.parametrize("value", ["0.5", "1.5", "abc", "-1", " ", "64MB", "99999999999999"])
+def test_a_capacity_that_is_not_whole_mib_is_an_error(monkeypatch, value):
+    """The pool reads LIGHTNING_RNN_POOL_MB with atoll: "0.5", "abc" or " " turned it off
+    and "1.5" gave 1 MiB, silently; now loading the kernels names the variable."""
+    monkeypatch.setattr(cpp, "_pool_env_checked", False, raising=False)
+    monkeypatch.setenv("LIGHTNING_RNN_POOL_MB", value)
+    with pytest.raises(ValueError, match="LIGHTNING_RNN_POOL_MB: expected a whole number of MiB >= 0"):
+        cpp.load()
+    monkeypatch.setenv("LIGHTNING_RNN_POOL_MB", " 16 ")
+    assert cpp.load().pool_capacity() > 0
+
+
 def test_environment_sets_the_capacity():
     """LIGHTNING_RNN_POOL_MB (MiB; 0 turns the pool off), read when the kernels load."""
     code = "from lightning_rnn.kernels import cpp; print(cpp.load().pool_capacity())"

@@ -110,3 +110,20 @@ def test_inputs_that_are_not_ids_of_the_vocabulary_are_named(model, inputs, mess
     packed = torch.nn.utils.rnn.pack_padded_sequence(inputs, torch.tensor([inputs.shape[1]]), batch_first=True)
     with pytest.raises(ValueError, match=message.replace(r"of shape \(1, 3\)", r"of shape \(3,\)")):
         model(packed)
+
+
+def test_validation_samples_keep_only_the_newest(monkeypatch):
+    """One sample per validation, and the table logged is the newest ``val_samples_kept``
+    of them: a table of every sample grew without bound over a long run (each log wrote
+    all of them again)."""
+    logged = []
+    monkeypatch.setattr("lightning_rnn.modules.char_lm.log_text_samples",
+                        lambda loggers, key, rows: logged.append(list(rows)))
+    monkeypatch.setattr(CharLanguageModel, "val_samples_kept", 3, raising=False)
+    model = CharLanguageModel(vocab=VOCAB, embedding_dim=6, rnn=rnn_factory(), optimizer=adam(), val_sample_length=4)
+    batches = [{"inputs": torch.randint(0, 10, (2, 8)), "targets": torch.randint(0, 10, (2, 8))}]
+    trainer = tiny_trainer(max_epochs=5)
+    trainer.fit(model, batches_loader(batches), batches_loader(batches))
+    assert [len(rows) for rows in logged] == [1, 2, 3, 3, 3]
+    assert [step for step, _ in logged[-1]] == [3, 4, 5]  # global steps of the last three validations
+    assert all(len(text) == 4 for _, text in logged[-1])

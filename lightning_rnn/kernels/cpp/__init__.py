@@ -9,6 +9,7 @@ says so) and cached on disk; see :mod:`.build`. Signatures and semantics are tho
 """
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 from .build import jit_build
@@ -18,9 +19,32 @@ SOURCES = ["rnn_cpu.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++20"]
 
 
+POOL_ENV = "LIGHTNING_RNN_POOL_MB"
+_pool_env_checked = False
+
+
 def load() -> ModuleType:
-    """The built extension; builds it on first use. Raises BackendUnavailable."""
+    """The built extension; builds it on first use. Raises BackendUnavailable, or a
+    ValueError for a ``LIGHTNING_RNN_POOL_MB`` that is not a whole number of MiB."""
+    if not _pool_env_checked:
+        check_pool_env()
     return jit_build("cpp", SOURCES, CFLAGS)
+
+
+def check_pool_env() -> None:
+    """A ValueError naming ``LIGHTNING_RNN_POOL_MB`` unless it is unset, empty or a whole
+    number of MiB >= 0: the kernels' buffer pool (csrc/rnn_pool.h) reads it with atoll when
+    it first serves a call, which took "0.5", "abc" or " " for 0 (no pool), "1.5" for 1 MiB
+    and 99999999999999 (shifted to bytes past int64) for a negative capacity."""
+    global _pool_env_checked
+    value = os.environ.get(POOL_ENV, "")
+    digits = value.strip()
+    if value and not (digits.isascii() and digits.isdigit() and int(digits) < 2**43):  # MiB << 20 fits an int64
+        raise ValueError(
+            f"{POOL_ENV}: expected a whole number of MiB >= 0 (the most idle kernel buffers kept; 0 turns "
+            f"the pool off), got {value!r}"
+        )
+    _pool_env_checked = True
 
 
 def weight_packs():
