@@ -524,9 +524,14 @@ class RNNModule(LightningModule):
         saved = _read_checkpoint(checkpoint_path, weights_only)
         hparams = saved.get("hyper_parameters") or {}
         rebuilt = {k: factories.rebuild(hparams[k]) for k in saved.get(cls.FACTORIES_KEY, ()) if k not in kwargs}
-        return super().load_from_checkpoint(
+        load = super().load_from_checkpoint
+        if "weights_only" in inspect.signature(load).parameters:
+            kwargs["weights_only"] = weights_only
+        # else Lightning < 2.6, whose loader has no such argument (it would reach __init__); the
+        # read above already applied it, and refused a pickled checkpoint as Lightning 2.6 would
+        return load(
             checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
-            weights_only=weights_only, **rebuilt, **kwargs,
+            **rebuilt, **kwargs,
         )
 
     # ----- optimization -----------------------------------------------------------

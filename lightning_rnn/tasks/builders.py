@@ -61,7 +61,8 @@ def check_checkpoint_file(cfg: DictConfig, required: bool) -> dict | None:
         raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
                          f"(got {cfg.ckpt_path!r})")
     try:
-        checkpoint = torch.load(cfg.ckpt_path, map_location="cpu", mmap=True)
+        # weights_only said: torch < 2.6 defaults to False, which unpickles anything
+        checkpoint = torch.load(cfg.ckpt_path, map_location="cpu", mmap=True, weights_only=True)
     except pickle.UnpicklingError as err:
         raise ValueError(
             f"ckpt_path: {cfg.ckpt_path} holds pickled Python objects, which torch's weights_only loader "

@@ -203,10 +203,16 @@ def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
         test.run(other)
 
 
-def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path):
+@pytest.mark.parametrize("torch_default_unpickles", [False, True])
+def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path, monkeypatch, torch_default_unpickles):
     """torch's weights_only loader refuses pickled callables (checkpoints of earlier
-    versions held the factories so): one setting error that says how to load it if trusted."""
+    versions held the factories so): one setting error that says how to load it if trusted.
+    Also where torch.load's default is weights_only=False (torch < 2.6; later torch reads
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 so, when the caller does not pass weights_only)."""
     import functools
+
+    if torch_default_unpickles:
+        monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 
     from lightning_rnn.layers import FusedLSTM
     from lightning_rnn.tasks.builders import check_checkpoint_file

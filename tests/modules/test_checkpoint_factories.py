@@ -1,6 +1,7 @@
 """Checkpoints hold the factories as plain data: torch's weights_only loader reads them, so
 Lightning's Trainer resumes and evaluates from them without being told weights_only=False."""
 import functools
+import inspect
 
 import pytest
 import torch
@@ -84,6 +85,37 @@ def test_a_factory_with_no_description_is_pickled_and_loads_trusted(tmp_path):
     restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt", weights_only=False)
     assert restored.hparams.optimizer.keywords["lr"] == torch.tensor(0.1)
     torch.testing.assert_close(restored.output_layer.weight, model.output_layer.weight)
+
+
+def test_load_from_checkpoint_on_a_lightning_whose_loader_has_no_weights_only(tmp_path, monkeypatch):
+    """Lightning < 2.6: LightningModule.load_from_checkpoint has no weights_only (a keyword it
+    does not know reaches __init__) and reads with weights_only=False; the module's own read
+    applies weights_only, so a pickled checkpoint is still refused unless it is False."""
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.core.saving import _load_from_checkpoint
+
+    unpickling = {"weights_only": False} if "weights_only" in inspect.signature(_load_from_checkpoint).parameters \
+        else {}  # Lightning 2.6's helper takes it; 2.5's reads with weights_only=False itself
+
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        return _load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **unpickling, **kwargs)
+
+    monkeypatch.setattr(LightningModule, "load_from_checkpoint", classmethod(load_from_checkpoint))
+    lr = {"described": 0.1, "pickled": torch.tensor(0.1)}  # a tensor has no plain description
+    for name, value in lr.items():
+        model = SequenceRegressor(input_size=3, output_size=1, horizon=2, rnn=rnn_factory(hidden_size=5),
+                                  optimizer=functools.partial(torch.optim.SGD, lr=value))
+        trainer = tiny_trainer(max_steps=1)
+        trainer.fit(model, batches_loader(regression_batches(1)))
+        trainer.save_checkpoint(tmp_path / f"{name}.ckpt")
+    for weights_only in (None, True, False):
+        restored = SequenceRegressor.load_from_checkpoint(tmp_path / "described.ckpt", weights_only=weights_only)
+        assert restored.hparams.optimizer.keywords["lr"] == 0.1
+    for weights_only in (None, True):
+        with pytest.raises(Exception, match="weights_only"):
+            SequenceRegressor.load_from_checkpoint(tmp_path / "pickled.ckpt", weights_only=weights_only)
+    restored = SequenceRegressor.load_from_checkpoint(tmp_path / "pickled.ckpt", weights_only=False)
+    assert restored.hparams.optimizer.keywords["lr"] == torch.tensor(0.1)
 
 
 def test_a_factory_that_cannot_be_pickled_still_trains():
