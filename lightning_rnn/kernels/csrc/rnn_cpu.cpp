@@ -145,6 +145,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("transposed", &transposed, "a^T as a new contiguous tensor (the weight gradients' blocked transpose)");
   m.def("panels_enabled", &PanelGemm::enabled, "whether the kernels run their step GEMMs on panels");
   m.def("set_panels", &PanelGemm::set_enabled, "use panels (True) or MKL/oneDNN (False) from now on (tests)");
+  m.def("grad_chunk_rows", &GradChunking::rows,
+        "rows per chunk of the backward's dx/dW GEMMs (cpu_one_precision, N, row_bytes; 0: after the loop)");
+  m.def("force_grad_chunk_rows", &GradChunking::force,
+        "chunks of this many rows wherever allowed (tests); 0: after the loop, -1: automatic");
+  m.def("forced_grad_chunk_rows", &GradChunking::forced_rows, "the forced chunk rows (-1: automatic)");
   m.def("set_pool_capacity", &BufferPool::set_capacity,
         "keep at most this many bytes of big kernel buffers mapped between calls (0: none)");
   m.def("pool_capacity", &BufferPool::get_capacity, "bytes of kernel buffers kept mapped at most");

@@ -5,7 +5,8 @@
 // Backward: one pointwise scan rebuilds c_t (LSTM) / h_{t-1} (GRU) and h_{t-1} for
 //           dW_hh; per step (reverse order): one fused pointwise pass writing dG and
 //           accumulating the bias gradient per row, then dh_{t-1} = dG_h W_hh (one GEMM);
-//           after the loop: dx, dW_ih, dW_hh as GEMMs over all N rows.
+//           dx, dW_ih, dW_hh as GEMMs over chunks of rows the loop has finished (one CPU
+//           thread, rnn_grad_gemms.h) or over all N rows after the loop.
 //
 // LSTM with a projection (w_hr (P, H), torch.nn's proj_size): per step the pointwise pass
 // writes r = o * tanh(c) to a (B, H) buffer and one more GEMM gives h_t = r W_hr^T (n, P),
@@ -30,6 +31,7 @@
 
 #include "rnn_cells.h"
 #include "rnn_gemm.h"
+#include "rnn_grad_gemms.h"
 #include "rnn_schedule.h"
 
 namespace lrnn {
@@ -37,10 +39,6 @@ namespace lrnn {
 using OptTensor = c10::optional<at::Tensor>;
 
 // ---- host-side layout of each cell ----------------------------------------------------
-struct GradBlock {  // dG columns [col, col + width) pair with W_ih rows [row, row + width)
-  int64_t col, width, row;
-};
-
 template <class Cell>
 struct Layout;
 
@@ -318,6 +316,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const std::optional<StepGemm> unproject =
       proj ? std::optional<StepGemm>(StepGemm::backward(w_hr_c, P, B, s.T)) : std::nullopt;
   const bool dh_direct = !proj && compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
+  // dx, dW_ih, dW_hh: in chunks of rows inside the loop or once after it (rnn_grad_gemms.h)
+  const bool chunkable = Dev::kDevice == c10::DeviceType::CPU && compute == state && !proj;
+  GradGemms grad_gemms(Layout<Cell>::input_blocks(H), dG, HG, x_c, w_ih.to(compute), h_prev_c, needs[0],
+                       needs[3], needs[4], sum_ih ? dw_ih_into : c10::nullopt, sum_hh ? dw_hh_into : c10::nullopt,
+                       GradChunking::rows(chunkable, N, 4 * H * dG.element_size()));
 
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     ScanArgs<S, A> scan{ptr<S>(gates_c), ptr<A>(h0_s), ptr<A>(c0_s), ptr<A>(states), ptr<S>(h_prev_c),
@@ -354,45 +357,19 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
         if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x P) result
       }
       m_in = n;
+      grad_gemms.rows_done(off, n);
     }
   });
 
   std::vector<at::Tensor> grads(8);
-  if (needs[0] || needs[3]) {
-    const at::Tensor w_ih_c = w_ih.to(compute);
-    at::Tensor dx, dw_ih = sum_ih ? *dw_ih_into : at::empty_like(w_ih_c);
-    for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
-      const at::Tensor dGb = dG.narrow(1, g.col, g.width);                  // (N, width)
-      if (needs[0]) {
-        const at::Tensor w = w_ih_c.narrow(0, g.row, g.width);               // (width, I)
-        if (dx.defined()) {
-          dx.addmm_(dGb, w);
-        } else {
-          dx = input_grad_gemm(dGb, w);
-        }
-      }
-      if (needs[3]) {
-        at::Tensor dw = dw_ih.narrow(0, g.row, g.width);
-        if (sum_ih) {
-          dw.addmm_(dGb.t(), x_c);
-        } else if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
-          dw_ih = wgrad_gemm(dGb, x_c);  // one block covering all of W_ih (LSTM)
-        } else {
-          at::mm_out(dw, dGb.t(), x_c);
-        }
-      }
-    }
-    if (needs[0]) grads[0] = dx;
-    if (needs[3]) grads[3] = dw_ih.to(w_ih.scalar_type());
-  }
+  if (proj && needs[4]) grad_gemms.set_h_prev(projected_prev(h_prev_c, w_hr_c, h0.to(compute), s));
+  grad_gemms.finish();
+  if (needs[0]) grads[0] = grad_gemms.dx;
+  if (needs[3]) grads[3] = grad_gemms.dw_ih.to(w_ih.scalar_type());
   const at::Tensor carry = proj ? dh_p : dh;
   if (needs[1]) grads[1] = (carry + dh_in).to(h0.scalar_type());
   if (needs[2] && c0) grads[2] = dc.to(c0->scalar_type());
-  if (needs[4]) {
-    const at::Tensor h_prev = proj ? projected_prev(h_prev_c, w_hr_c, h0.to(compute), s) : h_prev_c;
-    grads[4] = sum_hh ? dw_hh_into->addmm_(dG.narrow(1, 0, HG).t(), h_prev)
-                      : wgrad_gemm(dG.narrow(1, 0, HG), h_prev).to(w_hh.scalar_type());
-  }
+  if (needs[4]) grads[4] = grad_gemms.dw_hh.to(w_hh.scalar_type());
   if (needs[5] && bias_dtype) {
     auto [db_ih, db_hh] = Layout<Cell>::bias_grads(db_rows.sum(0), H);
     grads[5] = db_ih.to(*bias_dtype);
@@ -420,15 +397,16 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   }
   at::Tensor dG = at::zeros({s.N, 4 * H}, opt), dh = at::empty({s.B, H}, opt), hp = at::zeros({s.N, H}, opt);
   const StepGemm backward_step = StepGemm::backward(w_hh, HG, s.B, s.T);
+  GradGemms grad_gemms(Layout<Cell>::input_blocks(H), dG, HG, x, w_ih, hp, true, true, true, c10::nullopt,
+                       c10::nullopt,
+                       GradChunking::rows(x.device().is_cpu() && (x.scalar_type() == at::kFloat ||
+                                                                   x.scalar_type() == at::kDouble),
+                                          s.N, 4 * H * dG.element_size()));
   for (int64_t t = s.T - 1; t >= 0; --t) {
     backward_step.run(dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG), dh.narrow(0, 0, s.sizes[t]));
+    grad_gemms.rows_done(s.offsets[t], s.sizes[t]);
   }
-  for (const GradBlock& g : Layout<Cell>::input_blocks(H)) {
-    const at::Tensor dGb = dG.narrow(1, g.col, g.width), w = w_ih.narrow(0, g.row, g.width);
-    input_grad_gemm(dGb, w);
-    wgrad_gemm(dGb, x);
-  }
-  wgrad_gemm(dG.narrow(1, 0, HG), hp);
+  grad_gemms.finish();
 }
 
 }  // namespace lrnn

@@ -1,0 +1,184 @@
+// The backward's GEMMs over the rows of dG (N, 4H): the input gradient dx = dG W_ih, the
+// weight gradients dW_ih = dG^T x and dW_hh = dG_h^T h_{t-1}.
+//
+// The backward loop writes dG one step at a time, in reverse. Run after the loop, these
+// GEMMs read all of dG back: at batch 50, T 50 that is 2.5 MB at hidden 64 and 5 MB at
+// 128, more than this core's L2 (2 MB), so they read it from L3. On one CPU thread they
+// run instead on chunks of at least kGradChunkRows rows, each as soon as the loop has
+// written it (still in L2), with the weight gradients summed over the chunks in place.
+// Measured (Xeon, 1 thread, batch 50, T 50, fwd + bwd; ours, torch.nn, the naive loop and
+// the GEMM-only bound interleaved in random order, as the benchmark's grid runs them; two
+// runs of 60 s each), time in chunks / after the loop: LSTM 1x64 0.970-0.986, 1x128
+// 0.969-0.972, 3x128 0.981-0.986, 1x512 0.969-0.978; GRU 1x64 0.956-0.964, 1x128
+// 0.966-0.975; hidden 256 even. The GEMM-only bound, which runs the same chunks, took the
+// same time either way (0.997-1.006): the chunks' smaller GEMMs cost nothing, and what
+// the layer gains is dG found in L2. A dG of at most half the L2 (kGradChunkMinBytes) is
+// still there when the loop ends, so its GEMMs run after the loop.
+// On two threads chunks lost (LSTM 1x64, ours/torch.nn 1.14 -> 1.17): the GEMMs split
+// across both cores' L2s, and the chunks' smaller GEMMs split less well. Chunked sums
+// round differently, so chunks are kept to one precision: under bf16 / fp16 autocast a
+// weight gradient summed in the compute dtype would lose bits at every chunk.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Optional.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "rnn_gemm.h"
+
+namespace lrnn {
+
+// dG columns [col, col + width) pair with W_ih rows [row, row + width) (Layout<Cell>).
+struct GradBlock {
+  int64_t col, width, row;
+};
+
+constexpr int64_t kGradChunkRows = 256;
+constexpr int64_t kGradChunkMinBytes = int64_t(1) << 20;
+
+class GradChunking {
+  static std::atomic<int64_t>& forced() {
+    static std::atomic<int64_t> rows{-1};
+    return rows;
+  }
+
+ public:
+  // Rows per chunk for a backward with dG of N rows of row_bytes each (0: one pass after
+  // the loop). cpu_one_precision: a CPU call whose compute and state dtypes agree, with no
+  // projection (whose dW_hh needs h_t, rebuilt after the loop).
+  static int64_t rows(bool cpu_one_precision, int64_t N, int64_t row_bytes) {
+    if (!cpu_one_precision) return 0;
+    const int64_t f = forced().load(std::memory_order_relaxed);
+    if (f >= 0) return f;
+    return at::get_num_threads() == 1 && N * row_bytes > kGradChunkMinBytes ? kGradChunkRows : 0;
+  }
+  // Tests: chunks of exactly this many rows (rounded up to whole steps) wherever chunks are
+  // allowed, 0 for one pass after the loop, -1 for the automatic choice above.
+  static void force(int64_t rows) {
+    TORCH_CHECK(rows >= -1, "grad chunk rows: expected -1 (automatic), 0 (off) or a positive count, got ", rows);
+    forced().store(rows, std::memory_order_relaxed);
+  }
+  static int64_t forced_rows() { return forced().load(std::memory_order_relaxed); }
+};
+
+// The GEMMs of one backward over dG (N, 4H) for the gradients asked for. dw_ih_into /
+// dw_hh_into: running sums the weight gradients are added into (gradient checkpointing),
+// else fresh tensors. Call rows_done for each step's rows as the loop finishes them (the
+// loop visits the steps in order, so consecutive calls' rows are adjacent), then finish.
+class GradGemms {
+ public:
+  GradGemms(std::vector<GradBlock> blocks, const at::Tensor& dG, int64_t HG, const at::Tensor& x_c,
+            const at::Tensor& w_ih_c, const at::Tensor& h_prev, bool want_dx, bool want_dw_ih, bool want_dw_hh,
+            const c10::optional<at::Tensor>& dw_ih_into, const c10::optional<at::Tensor>& dw_hh_into,
+            int64_t chunk_rows)
+      : blocks_(std::move(blocks)), dG_(dG), HG_(HG), x_(x_c), w_ih_(w_ih_c), h_prev_(h_prev),
+        want_dx_(want_dx), want_dw_ih_(want_dw_ih), want_dw_hh_(want_dw_hh), sum_ih_(dw_ih_into.has_value()),
+        sum_hh_(dw_hh_into.has_value()), chunk_rows_(chunk_rows), lo_(dG.size(0)) {
+    if (sum_ih_) dw_ih = *dw_ih_into;
+    if (sum_hh_) dw_hh = *dw_hh_into;
+    if (chunk_rows_ == 0) return;
+    if (want_dx_) dx = at::empty({dG.size(0), x_c.size(1)}, dG.options());
+    if (want_dw_ih_ && !sum_ih_) dw_ih = at::zeros_like(w_ih_c);
+    if (want_dw_hh_ && !sum_hh_) dw_hh = at::zeros({HG, h_prev.size(1)}, dG.options());
+  }
+
+  void rows_done(int64_t off, int64_t n) {
+    if (chunk_rows_ == 0) return;
+    lo_ = std::min(lo_, off);
+    hi_ = std::max(hi_, off + n);
+    if (hi_ - lo_ >= chunk_rows_) flush();
+  }
+
+  // h_{t-1} for dW_hh given late: a projected LSTM's, rebuilt after the loop (its calls
+  // run without chunks, as rows() says).
+  void set_h_prev(const at::Tensor& h_prev) {
+    TORCH_CHECK(chunk_rows_ == 0, "GradGemms: h_prev given after the loop to a chunked backward");
+    h_prev_ = h_prev;
+  }
+
+  // The remaining rows; then dx, dw_ih, dw_hh hold the gradients asked for.
+  void finish() {
+    if (chunk_rows_) {
+      flush();
+    } else {
+      whole();
+    }
+  }
+
+  at::Tensor dx, dw_ih, dw_hh;
+
+ private:
+  // Rows [lo_, hi_) of every gradient: dx's rows written, the weight gradients summed.
+  void flush() {
+    if (hi_ <= lo_) return;
+    const int64_t r = hi_ - lo_;
+    const at::Tensor dGr = dG_.narrow(0, lo_, r);
+    bool first = true;
+    for (const GradBlock& g : blocks_) {
+      const at::Tensor dGb = dGr.narrow(1, g.col, g.width);
+      if (want_dx_) {
+        at::Tensor rows = dx.narrow(0, lo_, r);
+        const at::Tensor w = w_ih_.narrow(0, g.row, g.width);
+        if (!first) {
+          rows.addmm_(dGb, w);
+        } else if (PanelGemm::enabled() && PanelGemm::supports(dGb) && g.width <= kPanelMaxDepth) {
+          PanelGemm::run(dGb, panels_of(w), w.size(1), rows);
+        } else {
+          at::mm_out(rows, dGb, w);
+        }
+      }
+      if (want_dw_ih_) dw_ih.narrow(0, g.row, g.width).addmm_(dGb.t(), x_.narrow(0, lo_, r));
+      first = false;
+    }
+    if (want_dw_hh_) dw_hh.addmm_(dGr.narrow(1, 0, HG_).t(), h_prev_.narrow(0, lo_, r));
+    lo_ = dG_.size(0);
+    hi_ = 0;
+  }
+
+  // All rows at once, after the loop (rnn_gemm.h picks each GEMM's library).
+  void whole() {
+    if (want_dx_ || want_dw_ih_) {
+      if (want_dw_ih_ && !sum_ih_) dw_ih = at::empty_like(w_ih_);
+      for (const GradBlock& g : blocks_) {
+        const at::Tensor dGb = dG_.narrow(1, g.col, g.width);  // (N, width)
+        if (want_dx_) {
+          const at::Tensor w = w_ih_.narrow(0, g.row, g.width);  // (width, I)
+          if (dx.defined()) {
+            dx.addmm_(dGb, w);
+          } else {
+            dx = input_grad_gemm(dGb, w);
+          }
+        }
+        if (want_dw_ih_) {
+          at::Tensor dw = dw_ih.narrow(0, g.row, g.width);
+          if (sum_ih_) {
+            dw.addmm_(dGb.t(), x_);
+          } else if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
+            dw_ih = wgrad_gemm(dGb, x_);  // one block covering all of W_ih (LSTM)
+          } else {
+            at::mm_out(dw, dGb.t(), x_);
+          }
+        }
+      }
+    }
+    if (want_dw_hh_) {
+      const at::Tensor dG_h = dG_.narrow(1, 0, HG_);
+      dw_hh = sum_hh_ ? dw_hh.addmm_(dG_h.t(), h_prev_) : wgrad_gemm(dG_h, h_prev_);
+    }
+  }
+
+  const std::vector<GradBlock> blocks_;
+  const at::Tensor dG_;
+  const int64_t HG_;
+  const at::Tensor x_, w_ih_;
+  at::Tensor h_prev_;
+  const bool want_dx_, want_dw_ih_, want_dw_hh_, sum_ih_, sum_hh_;
+  const int64_t chunk_rows_;
+  int64_t lo_, hi_ = 0;  // rows done and not yet multiplied
+};
+
+}  // namespace lrnn
