@@ -77,7 +77,7 @@ class GradGemms {
             int64_t chunk_rows)
       : blocks_(std::move(blocks)), dG_(dG), HG_(HG), x_(x_c), w_ih_(w_ih_c), h_prev_(h_prev),
         want_dx_(want_dx), want_dw_ih_(want_dw_ih), want_dw_hh_(want_dw_hh), sum_ih_(dw_ih_into.has_value()),
-        sum_hh_(dw_hh_into.has_value()), chunk_rows_(chunk_rows), lo_(dG.size(0)) {
+        sum_hh_(dw_hh_into.has_value()), chunk_rows_(chunk_rows), lo_(dG.size(0)), left_(dG.size(0)) {
     if (sum_ih_) dw_ih = *dw_ih_into;
     if (sum_hh_) dw_hh = *dw_hh_into;
     if (chunk_rows_ == 0) return;
@@ -86,11 +86,15 @@ class GradGemms {
     if (want_dw_hh_ && !sum_hh_) dw_hh = at::zeros({HG, h_prev.size(1)}, dG.options());
   }
 
+  // A chunk is flushed once it has chunk_rows rows, unless fewer than half that many rows
+  // would be left for the last one: those join it (no short, slow GEMMs at the end; a
+  // checkpointed chunk of 7 steps of 50 rows is one GEMM chunk, not 300 + 50 rows).
   void rows_done(int64_t off, int64_t n) {
     if (chunk_rows_ == 0) return;
     lo_ = std::min(lo_, off);
     hi_ = std::max(hi_, off + n);
-    if (hi_ - lo_ >= chunk_rows_) flush();
+    left_ -= n;
+    if (hi_ - lo_ >= chunk_rows_ && 2 * left_ >= chunk_rows_) flush();
   }
 
   // h_{t-1} for dW_hh given late: a projected LSTM's, rebuilt after the loop (its calls
@@ -179,6 +183,7 @@ class GradGemms {
   const bool want_dx_, want_dw_ih_, want_dw_hh_, sum_ih_, sum_hh_;
   const int64_t chunk_rows_;
   int64_t lo_, hi_ = 0;  // rows done and not yet multiplied
+  int64_t left_;         // rows the loop has not done yet
 };
 
 }  // namespace lrnn
