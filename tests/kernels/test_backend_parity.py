@@ -198,7 +198,7 @@ def test_forward_mode_ad_is_refused_under_no_grad(backend, device):
 @pytest.mark.parametrize(
     "I, H", [(24, 20), (128, 128), (200, 192), (256, 256), (64, 1024)], ids=["H20", "H128", "H192", "H256", "H1024"]
 )
-def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, panels):
+def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, panels, grad_chunks):
     """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
     (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": register
     tiles of each height 1-6 among them; H 20 also a partial panel), and for wider steps in oneDNN (forward from
@@ -208,7 +208,10 @@ def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, pa
     weight-gradient GEMMs in oneDNN only at powers of two with >= 512 rows. Against the
     float64 reference on the same values, the error must be of the order of the float32
     reference's own. With panels on and off (they are off by default on CPUs with AVX-512:
-    the steps then run in oneDNN or at::mm)."""
+    the steps then run in oneDNN or at::mm), and with the backward's dx / dW GEMMs as one
+    thread chooses them (in chunks of rows inside the loop where dG is over 1 MiB: the two
+    schedules with the most rows from H 128, all but the smallest two at H 1024) or all
+    after the loop (csrc/rnn_grad_gemms.h)."""
     check_float32_error(_call(kernels_for("cpp"), cell), _call(reference, cell),
                          make_args(cell, schedule, I=I, H=H, reverse=reverse), (-5, -4))
 
@@ -223,6 +226,15 @@ def test_float32_projected_lstm_fast_paths_close_to_reference(reverse, schedule,
     rebuild h_t, and dW_hr): error of the order of the float32 reference's own."""
     args = make_args("lstm", schedule, I=I, H=H, P=P, reverse=reverse)
     check_float32_error(kernels_for("cpp").lstm, reference.lstm, args, (-6, -5, -1))
+
+
+@pytest.fixture(params=[-1, 0], ids=["grad_chunks_auto", "grad_gemms_after_loop"])
+def grad_chunks(request):
+    """The cpp kernels' backward GEMMs in chunks as chosen (-1) or all after the loop (0)."""
+    ext = cpp.load()
+    ext.force_grad_chunk_rows(request.param)
+    yield request.param
+    ext.force_grad_chunk_rows(-1)
 
 
 @pytest.fixture(params=[True, False], ids=["panels", "no_panels"])
