@@ -318,7 +318,8 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   const bool dh_direct = !proj && compute == state && step_gemm.kind() == StepGemm::Kind::kAten;
   // dx, dW_ih, dW_hh: in chunks of rows inside the loop or once after it (rnn_grad_gemms.h)
   const bool chunkable = Dev::kDevice == c10::DeviceType::CPU && compute == state && !proj;
-  GradGemms grad_gemms(Layout<Cell>::input_blocks(H), dG, HG, x_c, w_ih.to(compute), h_prev_c, needs[0],
+  const at::Tensor w_ih_c = needs[0] || needs[3] ? w_ih.to(compute) : at::Tensor();  // a cast only if read
+  GradGemms grad_gemms(Layout<Cell>::input_blocks(H), dG, HG, x_c, w_ih_c, h_prev_c, needs[0],
                        needs[3], needs[4], sum_ih ? dw_ih_into : c10::nullopt, sum_hh ? dw_hh_into : c10::nullopt,
                        GradChunking::rows(chunkable, N, 4 * H * dG.element_size()));
 
