@@ -140,7 +140,8 @@ class SequenceClassificationDataModule(RNNDataModule):
         self.path = path
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.num_classes = check_positive_int("num_classes", num_classes)
-        check_positive_int("min_len", min_len), check_positive_int("max_len", max_len)
+        check_positive_int("min_len", min_len)
+        check_positive_int("max_len", max_len)
         if not min_len <= max_len:
             raise ValueError(f"min_len, max_len: expected 1 <= min_len <= max_len, got {min_len}, {max_len}")
         self.min_len, self.max_len = min_len, max_len

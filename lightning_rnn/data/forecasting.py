@@ -10,7 +10,6 @@ import torch
 from torch.utils.data import Dataset
 
 from ..utils.checks import check_seed
-
 from .base import RNNDataModule, check_positive_int, split_sizes
 
 
