@@ -7,6 +7,10 @@ each page zero-filled on first touch) depends on what else the process allocated
 on the other implementations. Here each implementation runs in a fresh process of its
 own: ``warmup`` then ``steps`` training steps (forward, mean squared output as the loss,
 backward, an Adam step), reporting the median step time and the page faults per step.
+With ``input_grad`` (the default) the input requires grad, as in the grid, so the
+backward computes dx; without it the fused layers skip that GEMM, which torch.nn's oneDNN
+LSTM backward computes either way (1x64 / 1x128, Xeon, 1 thread: ours 5.78 / 16.8 ms
+without dx, 6.44 / 19.3 ms with it; torch.nn 6.1 / 18.6 ms both ways).
 Processes alternate (ours, torch, torch, ours, ...) for ``pairs`` pairs, and a point
 reports the median of its processes' medians.
 
@@ -33,13 +37,14 @@ from .measure import Table
 
 def run_alone(section: AloneConfig, cfg: BenchConfig, threads: int, *, log: Callable[[str], None] = print) -> Table:
     """One row per (cell, layers, hidden): each implementation's step in processes of its own."""
+    dx = "input requires grad" if section.input_grad else "input without grad (no dx)"
     table = Table("alone", f"a training step alone in a process ({section.pairs} alternating pairs of processes, "
-                  f"median of {section.steps} steps each after {section.warmup})")
+                  f"median of {section.steps} steps each after {section.warmup}; {dx})")
     names = section.implementations
     for cell, layers, hidden in itertools.product(section.cells, section.layers, section.hidden):
         spec = {"cell": cell, "layers": layers, "hidden": hidden, "batch": section.batch,
                 "seq_len": section.seq_len, "steps": section.steps, "warmup": section.warmup,
-                "threads": threads, "seed": cfg.seed, "device": cfg.device}
+                "threads": threads, "seed": cfg.seed, "device": cfg.device, "input_grad": section.input_grad}
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for pair in range(section.pairs):
             for name in names if pair % 2 == 0 else names[::-1]:
@@ -70,7 +75,8 @@ def _run_worker(spec: dict) -> dict:
 
 
 def train_alone(spec: dict) -> dict:
-    """The worker's loop; returns the median step seconds and page faults per step."""
+    """The worker's loop; returns the median step seconds, page faults per step and
+    whether the last step computed a gradient for the input."""
     from .subjects import FUSED, TORCH
 
     torch.set_num_threads(spec["threads"])
@@ -80,9 +86,9 @@ def train_alone(spec: dict) -> dict:
     reference = TORCH[spec["cell"]](hidden, hidden, spec["layers"]).to(device)
     layer = reference if impl.base == "torch" else FUSED[spec["cell"]].from_torch(reference, backend=impl.backend)
     optimizer = torch.optim.Adam(layer.parameters(), lr=1e-3)
-    x = torch.randn(spec["seq_len"], spec["batch"], hidden, device=device)
+    x = torch.randn(spec["seq_len"], spec["batch"], hidden, device=device).requires_grad_(spec["input_grad"])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times, faults = [], []
+    times, faults, input_grad = [], [], False
     for step in range(spec["warmup"] + spec["steps"]):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         sync()
@@ -91,11 +97,12 @@ def train_alone(spec: dict) -> dict:
         out.square().mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        input_grad, x.grad = x.grad is not None, None
         sync()
         if step >= spec["warmup"]:
             times.append(time.perf_counter() - start)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return {"step_s": statistics.median(times), "faults": statistics.median(faults)}
+    return {"step_s": statistics.median(times), "faults": statistics.median(faults), "input_grad": input_grad}
 
 
 if __name__ == "__main__":

@@ -226,6 +226,7 @@ class AloneConfig:
     steps: int = 20  # timed steps per process
     warmup: int = 5  # untimed steps first
     pairs: int = 3  # pairs of processes per implementation, alternating
+    input_grad: bool = True  # the input requires grad (dx computed), as in the grid
 
     def __post_init__(self):
         k = "bench.alone"
@@ -244,6 +245,7 @@ class AloneConfig:
         self.steps = _int(f"{k}.steps", self.steps)
         self.warmup = _int(f"{k}.warmup", self.warmup, minimum=0)
         self.pairs = _int(f"{k}.pairs", self.pairs)
+        self.input_grad = _bool(f"{k}.input_grad", self.input_grad)
 
 
 @dataclass

@@ -39,6 +39,7 @@ def test_presets_load_and_override(preset):
         ({"alone": {"implementations": ["ours", "naive"]}}, "bench.alone.implementations[1]"),
         ({"alone": {"implementations": ["ours+ckpt"]}}, "bench.alone.implementations[0]"),
         ({"alone": {"pairs": 0}}, "bench.alone.pairs"),
+        ({"alone": {"input_grad": "yes"}}, "bench.alone.input_grad"),
         ({"rounds": 0}, "bench.rounds"),
         ({"min_seconds": -1}, "bench.min_seconds"),
         ({"min_seconds": "10s"}, "bench.min_seconds"),

@@ -132,7 +132,8 @@ def test_projection_section(run):
 
 def test_alone_section_runs_each_implementation_in_processes_of_its_own(run):
     """One row per point; each implementation's step time and page faults from its own
-    worker processes; a worker's failure is reported with its error."""
+    worker processes; the input requires grad or not as configured; a worker's failure is
+    reported with its error."""
     cfg, result, _, _ = run
     rows = result.tables["alone"].rows
     assert [(r["cell"], r["hidden"]) for r in rows] == [(c, h) for c in cfg.alone.cells for h in cfg.alone.hidden]
@@ -143,8 +144,10 @@ def test_alone_section_runs_each_implementation_in_processes_of_its_own(run):
     from lightning_rnn.bench.alone import _run_worker
 
     spec = {"cell": "gru", "layers": 2, "hidden": 8, "batch": 3, "seq_len": 4, "steps": 2, "warmup": 1,
-            "threads": 1, "seed": 0, "device": "cpu", "impl": "ours"}
-    assert _run_worker(spec)["step_s"] > 0
+            "threads": 1, "seed": 0, "device": "cpu", "impl": "ours", "input_grad": True}
+    done = _run_worker(spec)
+    assert done["step_s"] > 0 and done["input_grad"] is True
+    assert _run_worker(spec | {"input_grad": False})["input_grad"] is False
     with pytest.raises(RuntimeError, match="the worker for ours failed"):
         _run_worker(spec | {"cell": "rnn"})
 
