@@ -64,10 +64,11 @@ def test_torch_without_is_exporting_is_not_exporting(monkeypatch):
     assert dispatch._is_exporting() is False
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys, monkeypatch):
     import os
     import time
 
+    monkeypatch.setattr(build, "_advisory_lock", lambda: False)  # torch <= 2.13's file baton
     lock = tmp_path / "lock"
     lock.touch()
     build._clear_stale_lock(tmp_path)  # another process is building now: wait for it
@@ -76,6 +77,30 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path,
     os.utime(lock, (old, old))
     build._clear_stale_lock(tmp_path)  # killed mid-build long ago: every later process would hang
     assert not lock.exists() and "removing a build lock left" in capsys.readouterr().err
+
+
+def test_an_advisory_lock_counts_only_while_a_process_holds_it(tmp_path, capsys, monkeypatch):
+    """torch >= 2.14 locks the build folder with filelock (flock) and leaves the file: the
+    file alone is no build under way and is never removed; a held lock is, and is waited for."""
+    from filelock import FileLock
+
+    monkeypatch.setattr(build, "_advisory_lock", lambda: True)
+    lock = tmp_path / "lock"
+    assert not build._build_under_way(tmp_path)  # no file yet
+    with FileLock(str(lock)):  # the lock torch's load() takes while it builds
+        assert lock.exists() and build._build_under_way(tmp_path)
+        build._clear_stale_lock(tmp_path)
+        assert "waiting for the build another process started" in capsys.readouterr().err
+    assert lock.exists() and not build._build_under_way(tmp_path)  # released: the file stays
+    build._clear_stale_lock(tmp_path)
+    assert lock.exists() and capsys.readouterr().err == ""
+
+
+def test_the_lock_style_follows_torch(monkeypatch):
+    monkeypatch.setattr(build.cpp_extension, "FileLock", object(), raising=False)
+    assert build._advisory_lock()
+    monkeypatch.delattr(build.cpp_extension, "FileLock")
+    assert not build._advisory_lock()
 
 
 def test_ninja_is_found_next_to_python_without_an_activated_venv(monkeypatch):

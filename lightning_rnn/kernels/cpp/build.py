@@ -7,7 +7,9 @@ torch version and the CPU model (for CUDA also the GPU architectures built for:
 $TORCH_CUDA_ARCH_LIST, else the visible GPUs'), so an edit or a different machine gets a
 fresh build and a cached build is reused otherwise: imported directly, with no compiler,
 ninja or write access needed (a shared, read-only cache works). Concurrent builds are
-serialized by torch's file baton in the build directory. Any failure becomes
+serialized by torch's lock in the build directory (``lock``): up to torch 2.13 a file
+baton, whose existence means a build is under way; from torch 2.14 an advisory lock
+(flock) on a file that stays, held only while a process builds. Any failure becomes
 :class:`BackendUnavailable` carrying the compiler's output.
 
 Flags the compiler cannot use are replaced first (:func:`supported_flags`): GCC gets the
@@ -182,10 +184,54 @@ def _find_ninja() -> None:
             return
 
 
+def _advisory_lock() -> bool:
+    """Whether torch's load() locks the build directory with an advisory lock (torch >=
+    2.14: ``filelock.FileLock``, released by the kernel when its holder dies) rather than
+    a file baton whose existence alone makes other processes wait."""
+    return getattr(cpp_extension, "FileLock", None) is not None
+
+
+def _lock_held(lock: Path) -> bool:
+    """Whether another process holds the advisory lock on ``lock`` (an flock, as
+    filelock takes it on POSIX). False where it cannot tell (no such file, no read
+    access, no fcntl): the import of a half-written build then fails and load() waits."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _build_under_way(build_dir: Path) -> bool:
+    """Whether another process is building into ``build_dir`` now."""
+    lock = build_dir / "lock"
+    return _lock_held(lock) if _advisory_lock() else lock.exists()
+
+
 def _clear_stale_lock(build_dir: Path) -> None:
     """torch's file baton (``build_dir/lock``) makes a process wait while another builds; a
-    build that was killed leaves it behind, and every later process would wait forever."""
+    build that was killed leaves it behind, and every later process would wait forever.
+    An advisory lock (torch >= 2.14) needs no clearing: only a live process holds it."""
     lock = build_dir / "lock"
+    if _advisory_lock():
+        if _lock_held(lock):
+            print(f"lightning_rnn: waiting for the build another process started ({lock})",
+                  file=sys.stderr, flush=True)
+        return
     try:
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
@@ -219,7 +265,7 @@ def jit_build(tag: str, sources: list[str], cflags: list[str], cuda_cflags: list
         name = f"lightning_rnn_{tag}_{_fingerprint(paths, cflags + (cuda_cflags or []), cuda_cflags is not None)}"
         build_dir = _build_root() / name
         built = build_dir / f"{name}.so"
-        if built.exists() and not (build_dir / "lock").exists():  # built before, no build under way
+        if built.exists() and not _build_under_way(build_dir):  # built before, no build under way
             try:
                 module = _import_built(name, built)
             except ImportError:
