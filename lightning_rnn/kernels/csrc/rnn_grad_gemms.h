@@ -82,10 +82,10 @@ class GradGemms {
     if (sum_hh_) dw_hh = *dw_hh_into;
     if (chunk_rows_ == 0) return;
     if (want_dx_) dx = at::empty({dG.size(0), x_c.size(1)}, dG.options());
-    // Fresh weight gradients are written, not summed into, by the first chunk (no pass of zeros).
+    // Fresh weight gradients are written by the first chunk, not zero-filled and summed into
+    // (N >= 1, as the bindings check, so a first chunk always comes).
     if (want_dw_ih_ && !sum_ih_) dw_ih = at::empty_like(w_ih_c);
     if (want_dw_hh_ && !sum_hh_) dw_hh = at::empty({HG, h_prev.size(1)}, dG.options());
-    fresh_ = true;
   }
 
   // A chunk is flushed once it has chunk_rows rows, unless fewer than half that many rows
@@ -110,10 +110,6 @@ class GradGemms {
   void finish() {
     if (chunk_rows_) {
       flush();
-      if (fresh_) {  // no rows at all: the fresh sums are zero
-        if (want_dw_ih_ && !sum_ih_) dw_ih.zero_();
-        if (want_dw_hh_ && !sum_hh_) dw_hh.zero_();
-      }
     } else {
       whole();
     }
@@ -141,18 +137,20 @@ class GradGemms {
           at::mm_out(rows, dGb, w);
         }
       }
-      if (want_dw_ih_) accumulate(dw_ih.narrow(0, g.row, g.width), dGb.t(), x_.narrow(0, lo_, r), !sum_ih_);
+      if (want_dw_ih_) {
+        accumulate(dw_ih.narrow(0, g.row, g.width), dGb.t(), x_.narrow(0, lo_, r), first_chunk_ && !sum_ih_);
+      }
       first = false;
     }
-    if (want_dw_hh_) accumulate(dw_hh, dGr.narrow(1, 0, HG_).t(), h_prev_.narrow(0, lo_, r), !sum_hh_);
-    fresh_ = false;
+    if (want_dw_hh_) accumulate(dw_hh, dGr.narrow(1, 0, HG_).t(), h_prev_.narrow(0, lo_, r), first_chunk_ && !sum_hh_);
+    first_chunk_ = false;
     lo_ = dG_.size(0);
     hi_ = 0;
   }
 
-  // sum += a b, where the first chunk of a fresh (uninitialized) sum writes a b instead.
-  void accumulate(at::Tensor sum, const at::Tensor& a, const at::Tensor& b, bool fresh) const {
-    if (fresh && fresh_) {
+  // sum += a b, or sum = a b where `write` (the first chunk into a fresh, unset gradient).
+  static void accumulate(at::Tensor sum, const at::Tensor& a, const at::Tensor& b, bool write) {
+    if (write) {
       at::mm_out(sum, a, b);
     } else {
       sum.addmm_(a, b);
@@ -200,7 +198,7 @@ class GradGemms {
   const int64_t chunk_rows_;
   int64_t lo_, hi_ = 0;  // rows done and not yet multiplied
   int64_t left_;         // rows the loop has not done yet
-  bool fresh_ = false;   // no chunk flushed yet into the fresh weight gradients
+  bool first_chunk_ = true;  // no chunk flushed yet
 };
 
 }  // namespace lrnn
