@@ -343,3 +343,34 @@ def test_clang_without_openmp_builds_a_matching_kernel():
     assert ok == "ok" and "-march=native" in flags.split()
     if not build._torch_defines("__kmpc_fork_call"):  # torch with GNU libgomp: clang's OpenMP cannot use it
         assert "-fopenmp-simd" in flags.split() and "-fopenmp" not in flags.split()
+
+
+def _cuda_toolkit() -> str | None:
+    """torch's CUDA_HOME where it holds nvcc and the CUDA headers, else None."""
+    if torch.version.cuda is None:
+        return None
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_runtime.h")):
+        return None
+    return CUDA_HOME
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the CUDA tests build and run the backend")
+@pytest.mark.skipif(_cuda_toolkit() is None, reason="needs a CUDA build of torch and nvcc with the CUDA headers")
+def test_the_cuda_sources_build_link_and_import_without_a_gpu(tmp_path, monkeypatch):
+    """Where torch has CUDA and nvcc exists but no GPU is visible, the cuda backend's sources
+    still compile (for sm_80 and sm_90), link against torch's CUDA libraries and import; its
+    bindings refuse CPU tensors by name before any kernel would launch."""
+    from lightning_rnn.kernels import cuda
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    monkeypatch.setattr(build, "_built", {})  # this build is for no device: forget it after the test
+    module = build.jit_build("cuda", cuda.SOURCES, cuda.CFLAGS, cuda.CUDA_CFLAGS)
+    names = {f"{cell}_{part}" for cell in ("lstm", "gru") for part in ("forward", "backward", "gemm_bound")}
+    assert names <= set(dir(module))
+    x, h0, c0 = torch.randn(6, 3), torch.zeros(2, 4), torch.zeros(2, 4)
+    with pytest.raises(RuntimeError, match="x: expected a tensor on cuda, got cpu"):
+        module.lstm_forward(x, torch.tensor([2, 2, 2]), h0, c0, torch.randn(16, 3), torch.randn(16, 4),
+                            None, None, None, False, torch.float32, torch.float32)
