@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import warnings
 from typing import Callable
 
 import torch
@@ -501,7 +502,11 @@ class RNNModule(LightningModule):
         self._backwards_since_step = int(state.get("backwards_since_step", 0))
         pending = state.get("epoch_end_pending")
         if pending is not None and self.trainer.current_epoch > pending:  # resumed past an epoch never ended
-            self._step_schedulers("epoch")
+            with warnings.catch_warnings():
+                # the step belongs to the optimizer steps before the checkpoint, which torch's
+                # check (a scheduler's first step before this process's first optimizer step) cannot see
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                self._step_schedulers("epoch")
         carried = state.get("carried_state")
         if carried is not None and self.hparams.stateful and self.trainer.world_size == state["world_size"] == 1:
             device = next(self.parameters()).device

@@ -104,10 +104,12 @@ def test_a_forecaster_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_p
     assert_resumes_exactly(tmp_path, make, 12, 4)
 
 
-def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_its_epoch_schedulers(tmp_path):
+def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_its_epoch_schedulers(tmp_path, recwarn):
     """Saved after an epoch's last batch but before its end (every_n_train_steps = the batches
     of an epoch): the resumed run steps the epoch's scheduler, which Lightning, counting that
-    epoch as done, never ends (the learning rate had stayed a step behind)."""
+    epoch as done, never ends (the learning rate had stayed a step behind), without torch's
+    warning that a scheduler stepped before the optimizer (its optimizer steps came before
+    the checkpoint)."""
     halving = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
     make = classification(scheduler=halving, scheduler_interval="epoch")
     assert_resumes_exactly(tmp_path, make, 14, 6)
@@ -118,3 +120,4 @@ def test_a_checkpoint_on_an_epoch_s_last_batch_resumes_its_epoch_schedulers(tmp_
     assert again == [seen for seen in whole if seen[2] > 12]
     for name, value in whole_weights.items():
         assert torch.equal(again_weights[name], value), name
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
