@@ -135,12 +135,16 @@ struct CpuDev {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace lrnn;
   m.doc() = "lightning_rnn fused LSTM/GRU kernels (CPU)";
-  m.def("lstm_forward", &Flushed<&rnn_forward<LstmCell, CpuDev>>::call, "LSTM forward of one layer-direction");
-  m.def("lstm_backward", &Flushed<&rnn_backward<LstmCell, CpuDev>>::call, "LSTM backward of one layer-direction");
-  m.def("gru_forward", &Flushed<&rnn_forward<GruCell, CpuDev>>::call, "GRU forward of one layer-direction");
-  m.def("gru_backward", &Flushed<&rnn_backward<GruCell, CpuDev>>::call, "GRU backward of one layer-direction");
-  m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
-  m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
+  // The kernels run without the GIL, as torch's own ops do: other Python threads (an
+  // inference server's, a logger's) run meanwhile, and kernel calls from several threads
+  // run at once. They touch no Python object; the pool and the pack store lock what they share.
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("lstm_forward", &Flushed<&rnn_forward<LstmCell, CpuDev>>::call, "LSTM forward of one layer-direction", nogil);
+  m.def("lstm_backward", &Flushed<&rnn_backward<LstmCell, CpuDev>>::call, "LSTM backward of one layer-direction", nogil);
+  m.def("gru_forward", &Flushed<&rnn_forward<GruCell, CpuDev>>::call, "GRU forward of one layer-direction", nogil);
+  m.def("gru_backward", &Flushed<&rnn_backward<GruCell, CpuDev>>::call, "GRU backward of one layer-direction", nogil);
+  m.def("lstm_gemm_bound", &gemm_bound<LstmCell>, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)", nogil);
+  m.def("gru_gemm_bound", &gemm_bound<GruCell>, "the GEMMs of a GRU fwd+bwd alone (benchmarks)", nogil);
   m.def("num_threads", &at::get_num_threads, "intra-op threads seen by the extension");
   m.def("transposed", &transposed, "a^T as a new contiguous tensor (the weight gradients' blocked transpose)");
   m.def("panels_enabled", &PanelGemm::enabled, "whether the kernels run their step GEMMs on panels");

@@ -54,10 +54,14 @@ struct OnDeviceOf<F> {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace lrnn;
   m.doc() = "lightning_rnn fused LSTM/GRU kernels (CUDA)";
-  m.def("lstm_forward", &OnDeviceOf<&rnn_forward<LstmCell, CudaDev>>::call, "LSTM forward of one layer-direction");
-  m.def("lstm_backward", &OnDeviceOf<&rnn_backward<LstmCell, CudaDev>>::call, "LSTM backward of one layer-direction");
-  m.def("gru_forward", &OnDeviceOf<&rnn_forward<GruCell, CudaDev>>::call, "GRU forward of one layer-direction");
-  m.def("gru_backward", &OnDeviceOf<&rnn_backward<GruCell, CudaDev>>::call, "GRU backward of one layer-direction");
-  m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)");
-  m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)");
+  const auto nogil = py::call_guard<py::gil_scoped_release>();  // as the CPU kernels (rnn_cpu.cpp)
+  m.def("lstm_forward", &OnDeviceOf<&rnn_forward<LstmCell, CudaDev>>::call, "LSTM forward of one layer-direction", nogil);
+  m.def("lstm_backward", &OnDeviceOf<&rnn_backward<LstmCell, CudaDev>>::call, "LSTM backward of one layer-direction",
+        nogil);
+  m.def("gru_forward", &OnDeviceOf<&rnn_forward<GruCell, CudaDev>>::call, "GRU forward of one layer-direction", nogil);
+  m.def("gru_backward", &OnDeviceOf<&rnn_backward<GruCell, CudaDev>>::call, "GRU backward of one layer-direction", nogil);
+  m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
+        nogil);
+  m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)",
+        nogil);
 }
