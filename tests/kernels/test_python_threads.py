@@ -108,3 +108,34 @@ def test_threads_running_the_kernels_at_once_match_running_them_in_turn():
         assert len(want) == len(have)
         for i, (a, b) in enumerate(zip(want, have, strict=True)):
             assert torch.equal(a, b), (CASES[k][0].__name__, CASES[k][1], i)
+
+
+def test_threads_entering_one_weight_pack_store_each_get_their_own_outer_store_back():
+    """A weight-pack store is active per thread; one thread's exit must not hand it another
+    thread's outer store (which would then fail its own exit)."""
+    ext = cpp.load()
+    outer, shared = ext.WeightPacks(), ext.WeightPacks()
+    a_entered, b_entered = threading.Event(), threading.Event()
+    errors: list = []
+
+    def thread_a():
+        try:
+            with outer:
+                with shared:
+                    a_entered.set()
+                    b_entered.wait()
+                # back in `outer` on this thread: its exit must match
+        except BaseException as err:
+            errors.append(err)
+
+    def thread_b():
+        a_entered.wait()
+        shared.__enter__()  # no outer store on this thread
+        b_entered.set()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -54,16 +54,16 @@ class WeightPacks {
     thread_local WeightPacks* active = nullptr;
     return active;
   }
+  // The store active before, kept per thread like current(): threads may enter one store
+  // at once (the kernels run without the GIL), and each gets its own outer store back.
   void enter() {
-    std::lock_guard<std::mutex> lock(m_);
-    outer_.push_back(current());
+    outer().push_back(current());
     current() = this;
   }
   void exit() {
-    std::lock_guard<std::mutex> lock(m_);
-    TORCH_CHECK(!outer_.empty() && current() == this, "WeightPacks: exit without a matching enter on this thread");
-    current() = outer_.back();
-    outer_.pop_back();
+    TORCH_CHECK(!outer().empty() && current() == this, "WeightPacks: exit without a matching enter on this thread");
+    current() = outer().back();
+    outer().pop_back();
   }
   void clear() {
     std::lock_guard<std::mutex> lock(m_);
@@ -91,6 +91,10 @@ class WeightPacks {
   }
 
  private:
+  static std::vector<WeightPacks*>& outer() {
+    thread_local std::vector<WeightPacks*> stores;
+    return stores;
+  }
   static bool same_view(const at::Tensor& a, const at::Tensor& b) {
     return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
            a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
@@ -104,7 +108,6 @@ class WeightPacks {
   };
   std::mutex m_;
   std::vector<Entry> entries_;
-  std::vector<WeightPacks*> outer_;
 };
 
 class DnnlGemm {
