@@ -175,6 +175,42 @@ def test_cuda_backend_never_breaks_a_cpu_install():
     assert "cuda" not in dispatch.available_backends("cuda")
 
 
+def test_a_cuda_home_without_headers_is_named_with_the_toolkit_nvcc_points_to(tmp_path, monkeypatch):
+    """torch takes the folder above nvcc's bin/ as CUDA_HOME, /usr/local for a symlink
+    /usr/local/bin/nvcc, which has no CUDA headers: the backend says so before any build,
+    with the toolkit the link points to."""
+    from torch.utils import cpp_extension
+
+    from lightning_rnn.kernels import cuda
+
+    toolkit, local = tmp_path / "cuda-13.0", tmp_path / "local"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "include").mkdir()
+    (toolkit / "include" / "cuda_runtime.h").touch()
+    (toolkit / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (toolkit / "bin" / "nvcc").chmod(0o755)
+    (local / "bin").mkdir(parents=True)
+    (local / "bin" / "nvcc").symlink_to(toolkit / "bin" / "nvcc")
+    monkeypatch.setenv("PATH", str(local / "bin"))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(local))
+    with pytest.raises(dispatch.BackendUnavailable, match="has no include/cuda_runtime.h") as raised:
+        cuda.load()
+    assert f"CUDA_HOME={local} " in str(raised.value) and f"try CUDA_HOME={toolkit})" in str(raised.value)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no nvcc on PATH: no hint, still the reason
+    assert cuda._why_unavailable().endswith("set CUDA_HOME to the CUDA toolkit's folder")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(toolkit))  # the toolkit itself: nothing to say
+    assert cuda._why_unavailable() is None
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(local))  # headers where torch also looks
+    monkeypatch.setenv("CUDA_INC_PATH", str(toolkit / "include"))
+    assert cuda._why_unavailable() is None
+    monkeypatch.delenv("CUDA_INC_PATH")
+    (local / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
+    (local / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").touch()
+    assert cuda._why_unavailable() is None
+
+
 def test_cached_build_is_reused_by_another_process():
     kernels_for("cpp")  # built (or loaded) in this process
     code = "from lightning_rnn.kernels import cpp; cpp.load(); print('ok')"

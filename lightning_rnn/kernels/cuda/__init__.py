@@ -9,6 +9,9 @@ Signatures and semantics are those of :mod:`lightning_rnn.kernels.reference`.
 """
 from __future__ import annotations
 
+import glob
+import os
+import shutil
 from types import ModuleType
 
 import torch
@@ -31,7 +34,24 @@ def _why_unavailable() -> str | None:
 
     if CUDA_HOME is None:
         return "nvcc / CUDA_HOME not found"
+    if not _has_cuda_headers(CUDA_HOME):
+        # torch takes the folder above nvcc's bin/ as CUDA_HOME: /usr/local for a symlink
+        # /usr/local/bin/nvcc, which has no CUDA headers; the toolkit is where the link points
+        nvcc = shutil.which("nvcc")
+        real = os.path.realpath(nvcc) if nvcc else None
+        toolkit = os.path.dirname(os.path.dirname(real)) if real else None
+        hint = f" (nvcc is {real}: try CUDA_HOME={toolkit})" if toolkit and toolkit != CUDA_HOME else ""
+        return (f"CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h; set CUDA_HOME to the CUDA toolkit's "
+                f"folder{hint}")
     return None
+
+
+def _has_cuda_headers(cuda_home: str) -> bool:
+    """cuda_runtime.h where torch's build looks: CUDA_HOME/include, $CUDA_INC_PATH, or a
+    conda-style CUDA_HOME/targets/<platform>/include."""
+    folders = [os.path.join(cuda_home, "include"), os.environ.get("CUDA_INC_PATH", "")]
+    folders += glob.glob(os.path.join(cuda_home, "targets", "*", "include"))
+    return any(folder and os.path.exists(os.path.join(folder, "cuda_runtime.h")) for folder in folders)
 
 
 def load() -> ModuleType:
