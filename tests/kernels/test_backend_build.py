@@ -387,9 +387,9 @@ def _cuda_toolkit() -> str | None:
         return None
     from torch.utils.cpp_extension import CUDA_HOME
 
-    if CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_runtime.h")):
-        return None
-    return CUDA_HOME
+    from lightning_rnn.kernels import cuda
+
+    return CUDA_HOME if CUDA_HOME is not None and cuda._has_cuda_headers(CUDA_HOME) else None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the CUDA tests build and run the backend")
