@@ -4,7 +4,8 @@
 whichever of its studies exist and turns each into a :class:`Table`:
 
 - ``checkpoint_vs_naive``: memory (saved for backward, and the peak with one recomputed
-  chunk) against the naive loop, and time against no checkpointing, at 3x512;
+  chunk) against the naive loop, and time against no checkpointing, at 3x512, one row
+  per chunk size;
 - ``checkpoint_scaling``: saved bytes vs T up to 10,000 with ``chunk_size="sqrt"``;
 - ``packed_epoch``: one epoch with vs without the PackedSequences callback.
 """
@@ -19,8 +20,9 @@ from .measure import Table
 STUDIES = {  # table name -> (callbacks_bench function, title)
     "checkpoint_vs_naive": (
         "checkpointing_vs_naive",
-        "gradient checkpointing at 3x512, batch 50, T 50: memory vs the naive loop, time (median of 15 "
-        "alternating rounds, thread CPU time)",
+        "gradient checkpointing at 3x512, batch 50, T 50, by chunk size: memory vs the naive loop, time vs "
+        "no checkpointing (median of 15 rounds, each running every setting once in a rotating order, thread "
+        "CPU time)",
     ),
     "checkpoint_scaling": ("checkpointing_scaling", "gradient checkpointing: saved bytes vs T (chunk = sqrt(T))"),
     "packed_epoch": (

@@ -5,7 +5,8 @@ in one process, interleaved. ``python -m lightning_rnn.bench.callbacks_bench`` p
 of them (about five minutes on 2 cores).
 
 - :func:`checkpointing_vs_naive`: activation memory of a checkpointed FusedLSTM vs the naive
-  LSTMCell loop (torch-rnn's 7x), and its fwd+bwd time vs the same layer without checkpointing.
+  LSTMCell loop (torch-rnn's 7x), and its fwd+bwd time vs the same layer without
+  checkpointing, for "sqrt" and a few larger chunk sizes (fewer chunks: faster, more memory).
 - :func:`checkpointing_scaling`: saved bytes vs T up to 10,000 with chunk_size="sqrt".
 - :func:`mixed_precision_memory`: activation memory under bf16 autocast vs fp32, and the loss.
 - :func:`packed_epoch_time`: one epoch with vs without PackedSequences on lengths U[10, 500].
@@ -33,17 +34,19 @@ def _fwd_bwd(layer, x):
 
 
 def checkpointing_vs_naive(
-    hidden: int = 512, layers: int = 3, batch: int = 50, seq: int = 50, chunk_size="sqrt", rounds: int = 15,
-    backend: str = "auto", threads: int | None = 1,
+    hidden: int = 512, layers: int = 3, batch: int = 50, seq: int = 50, chunk_sizes=("sqrt", 10, 13, 17, 25),
+    rounds: int = 15, backend: str = "auto", threads: int | None = 1,
 ) -> dict:
     """Saved bytes: checkpointed FusedLSTM vs CellLoop vs plain FusedLSTM; time: checkpointed / plain.
 
-    Input size = hidden, as in the torch-rnn grid. ``recompute_peak_bytes`` adds what one
-    recomputed chunk holds during backward (the plain layer's saved bytes on ``chunk`` steps)
-    to the saved bytes: the activation peak of the checkpointed backward. Times are medians of
-    ``rounds`` interleaved fwd+bwd runs; with ``threads`` set (default 1) torch uses that many
-    threads and the time is this thread's CPU time, which other jobs on a shared machine
-    disturb far less than wall time.
+    One row per entry of ``chunk_sizes`` (the memory / time trade-off; the first is the
+    headline, the callback's default "sqrt"). Input size = hidden, as in the torch-rnn
+    grid. ``recompute_peak_bytes`` adds what one recomputed chunk holds during backward
+    (the plain layer's saved bytes on one chunk's steps) to the saved bytes: the activation
+    peak of the checkpointed backward. Times are medians of ``rounds`` rounds, each running
+    the plain layer and every chunk size once in a rotating order; with ``threads`` set
+    (default 1) torch uses that many threads and the time is this thread's CPU time, which
+    other jobs on a shared machine disturb far less than wall time.
     """
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -58,33 +61,39 @@ def checkpointing_vs_naive(
             layer.checkpoint_chunk_size = chunk
             return saved_tensor_bytes(lambda: layer(inputs)[0], exclude=layer)
 
-        plain, ckpt = saved(None), saved(chunk_size)
-        chunk = chunk_length(chunk_size, seq)
-        one_chunk = saved(None, x[:chunk].detach().requires_grad_())
-        naive = saved_tensor_bytes(lambda: loop(x), exclude=loop)
+        plain, naive = saved(None), saved_tensor_bytes(lambda: loop(x), exclude=loop)
+        settings = [None, *chunk_sizes]
         clock = time.thread_time if threads is not None else time.perf_counter
-        samples = {"plain": [], "checkpointed": []}
+        samples: dict = {setting: [] for setting in settings}
         for r in range(rounds + 1):  # round 0 warms up
-            for name, chunk_setting in (("plain", None), ("checkpointed", chunk_size))[:: 1 if r % 2 else -1]:
-                layer.checkpoint_chunk_size = chunk_setting
+            for i in range(len(settings)):
+                setting = settings[(i + r) % len(settings)]
+                layer.checkpoint_chunk_size = setting
                 start = clock()
                 _fwd_bwd(layer, x)()
                 if r:
-                    samples[name].append(clock() - start)
+                    samples[setting].append(clock() - start)
+        rows = []
+        for setting in chunk_sizes:
+            steps = chunk_length(setting, seq)
+            ckpt, one_chunk = saved(setting), saved(None, x[:steps].detach().requires_grad_())
+            rows.append({
+                "chunk_size": str(setting), "steps_per_chunk": steps, "chunks": math.ceil(seq / steps),
+                "saved_bytes_checkpointed": ckpt,
+                "memory_naive_over_checkpointed": naive / ckpt,
+                "memory_fused_over_checkpointed": plain / ckpt,
+                "recompute_peak_bytes": ckpt + one_chunk,
+                "memory_naive_over_recompute_peak": naive / (ckpt + one_chunk),
+                "time_checkpointed_over_plain": statistics.median(samples[setting]) / statistics.median(samples[None]),
+            })
         layer.checkpoint_chunk_size = None
     finally:
         torch.set_num_threads(previous_threads)
-    median = {name: statistics.median(v) for name, v in samples.items()}
     return {
+        "rows": rows,
         "saved_bytes_naive_loop": naive,
         "saved_bytes_fused": plain,
-        "saved_bytes_checkpointed": ckpt,
-        "memory_naive_over_checkpointed": naive / ckpt,
-        "memory_fused_over_checkpointed": plain / ckpt,
-        "recompute_peak_bytes": ckpt + one_chunk,
-        "memory_naive_over_recompute_peak": naive / (ckpt + one_chunk),
-        "time_checkpointed_over_plain": median["checkpointed"] / median["plain"],
-        "seconds_plain": median["plain"],
+        "seconds_plain": statistics.median(samples[None]),
         "time_rounds": rounds,
     }
 
