@@ -131,9 +131,13 @@ def _caller_level() -> int:
 
 
 def _is_exporting() -> bool:
-    """torch.compiler.is_exporting(), which torch versions before 2.7 lack."""
+    """torch.compiler.is_exporting(), which torch versions before 2.7 lack. There (checked
+    on 2.4.1) is_compiling() outside Dynamo tells torch.export's tracing: export is what
+    sets its flag, while under Dynamo (torch.compile too) it reads True regardless."""
     is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return bool(is_exporting()) if is_exporting is not None else False
+    if is_exporting is not None:
+        return bool(is_exporting())
+    return bool(torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling())
 
 
 #: Words of the lines that say why a build failed (compiler errors, a missing tool).

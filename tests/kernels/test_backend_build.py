@@ -73,8 +73,12 @@ def test_a_long_compile_command_is_cut_before_the_cause():
     assert summary.endswith('... | rnn_cpu.cpp:1:2: error: #error "the cause"')
 
 
-def test_torch_without_is_exporting_is_not_exporting(monkeypatch):
-    monkeypatch.delattr(torch.compiler, "is_exporting")  # torch < 2.7
+def test_torch_without_is_exporting_tells_export_by_is_compiling_outside_dynamo(monkeypatch):
+    monkeypatch.delattr(torch.compiler, "is_exporting", raising=False)  # torch < 2.7
+    assert dispatch._is_exporting() is False
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what torch.export's tracing sets
+    assert dispatch._is_exporting() is True
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)  # Dynamo (torch.compile too)
     assert dispatch._is_exporting() is False
 
 
