@@ -23,6 +23,11 @@ https://pytorch.org/memory_viz opens.
 Tokens per batch: ``lengths.sum()`` of a dict batch with ``lengths``, else the first
 two dims of ``inputs`` (or of the first tensor in the batch: padding counts there). With
 truncated BPTT ``activation_mb`` sums the step's chunks, of which one is alive at a time.
+
+Torch 2.4.1 (not 2.13) skips, in the backward of a measured batch, the ``register_hook``
+hooks on a fused layer's weights: it skips them for a leaf that an autograd.Function saved
+under a saved-tensors hook, as the meter is. The gradients are right, and hooks after
+accumulation (``register_post_accumulate_grad_hook``) run.
 """
 from __future__ import annotations
 

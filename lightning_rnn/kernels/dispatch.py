@@ -131,23 +131,33 @@ def _caller_level() -> int:
 
 
 def _is_exporting() -> bool:
-    """torch.compiler.is_exporting(), which torch versions before 2.7 lack."""
+    """torch.compiler.is_exporting(), which torch versions before 2.7 lack. There (checked
+    on 2.4.1) is_compiling() outside Dynamo tells torch.export's tracing: export is what
+    sets its flag, while under Dynamo (torch.compile too) it reads True regardless."""
     is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return bool(is_exporting()) if is_exporting is not None else False
+    if is_exporting is not None:
+        return bool(is_exporting())
+    return bool(torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling())
 
 
 #: Words of the lines that say why a build failed (compiler errors, a missing tool).
 _CAUSES = ("error", "not found", "fatal", "no such file", "permission denied")
 
 
-def _summary(err: Exception, max_lines: int = 3) -> str:
-    """The gist of a (possibly long) build failure: its first line and the lines giving the cause."""
+def _summary(err: Exception, max_lines: int = 3, max_chars: int = 1000) -> str:
+    """The gist of a (possibly long) build failure: its first line and the lines giving the
+    cause. Over ``max_chars``, the first line is cut first: it ends with the compile command
+    (longer with torch 2.4's flags than with 2.13's), the causes say what went wrong."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     if not lines:
         return type(err).__name__
     causes = [ln for ln in lines[1:] if any(w in ln.lower() for w in _CAUSES)
               and not ln.startswith(("c++ ", "[", "FAILED"))]
-    return " | ".join(lines[:1] + causes[:max_lines])[:1000]
+    first, rest = lines[0], "".join(" | " + ln for ln in causes[:max_lines])
+    room = max_chars - len(rest)
+    if len(first) > room:
+        first = first[: max(room - 3, 0)] + "..."
+    return (first + rest)[:max_chars]
 
 
 def kernels(backend: str) -> ModuleType:

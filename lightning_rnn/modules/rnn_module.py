@@ -523,9 +523,12 @@ class RNNModule(LightningModule):
         ``weights_only`` loader. A factory with no such description (a lambda, a closure)
         is pickled as it is; such a checkpoint, like those written before factories were
         described, needs ``weights_only=False``, as any pickle: load only checkpoints you
-        trust.
+        trust. ``weights_only=None`` is torch's default, True since torch 2.6, and True here
+        on older torch too (whose default, False, unpickles anything).
         Arguments in ``kwargs`` override those in the checkpoint, as in Lightning.
         """
+        if weights_only is None and _TORCH_LOAD_UNPICKLES_BY_DEFAULT:
+            weights_only = True
         saved = _read_checkpoint(checkpoint_path, weights_only)
         hparams = saved.get("hyper_parameters") or {}
         rebuilt = {k: factories.rebuild(hparams[k]) for k in saved.get(cls.FACTORIES_KEY, ()) if k not in kwargs}
@@ -745,6 +748,10 @@ def _state_tensors(metric: Metric) -> list[torch.Tensor]:
 
 def _on_plateau(scheduler) -> bool:
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+#: torch.load's weights_only defaults to False before torch 2.6 (True from 2.6 on).
+_TORCH_LOAD_UNPICKLES_BY_DEFAULT = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 6)
 
 
 def _read_checkpoint(path, weights_only: bool | None) -> dict:

@@ -72,7 +72,8 @@ def test_cuda_phases_end_at_each_optimizer_step_under_truncated_bptt(monkeypatch
                               rnn=functools.partial(FusedLSTM, hidden_size=8),
                               optimizer=functools.partial(torch.optim.SGD, lr=0.1))
     model.rnn.register_forward_pre_hook(lambda *_: touch("forward"))
-    model.rnn.weight_hh_l0.register_hook(lambda grad: touch("backward"))
+    # after accumulation, not register_hook: see test_a_tensor_hook_on_a_fused_weight_runs_in_a_measured_step
+    model.rnn.weight_hh_l0.register_post_accumulate_grad_hook(lambda param: touch("backward"))
 
     class TouchOnStep(GPUMemoryLogger):
         def on_train_start(self, trainer, module):
@@ -86,6 +87,46 @@ def test_cuda_phases_end_at_each_optimizer_step_under_truncated_bptt(monkeypatch
     assert trainer.global_step == 2
     for phase, mb in (("forward", 1.0), ("backward", 2.0), ("optimizer", 3.0)):
         assert logger.values(f"memory/{phase}_peak_allocated_mb") == [mb], phase
+
+
+def _tensor_hooks_run_for_leaves_saved_under_a_saved_tensors_hook() -> bool:
+    """Whether this torch runs a leaf's ``register_hook`` hooks when an autograd.Function
+    saved the leaf while a saved-tensors hook was active and unpacks it in backward, as the
+    fused layers' Functions do with their weights. Torch 2.4.1 skips them (and the leaf's
+    other hooks before accumulation; the gradient itself is right); 2.13 runs them."""
+
+    class SavesItsInput(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w):
+            ctx.save_for_backward(w)
+            return w * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            (w,) = ctx.saved_tensors  # torch 2.4.1 skips the hooks only when this runs
+            return grad * 2
+
+    w = torch.ones(1, requires_grad=True)
+    ran = []
+    w.register_hook(ran.append)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        out = SavesItsInput.apply(w)
+    out.sum().backward()
+    return bool(ran)
+
+
+@pytest.mark.xfail(
+    not _tensor_hooks_run_for_leaves_saved_under_a_saved_tensors_hook(), strict=True,
+    reason=f"torch {torch.__version__} skips a leaf's register_hook hooks when an autograd.Function saved it "
+           "under a saved-tensors hook (the meter of a measured step is one) and unpacks it in backward",
+)
+def test_a_tensor_hook_on_a_fused_weight_runs_in_a_measured_step():
+    model = TinyClassifier()
+    ran = []
+    model.rnn.weight_hh_l0.register_hook(lambda grad: ran.append(grad.shape))
+    trainer, _ = make_trainer([GPUMemoryLogger(every_n_steps=1)], max_steps=2)
+    trainer.fit(model, loader(n=16, batch_size=8))
+    assert ran == [model.rnn.weight_hh_l0.shape] * 2
 
 
 def test_a_forward_that_raises_while_measured_leaves_no_saved_tensors_hook():
@@ -108,6 +149,28 @@ def test_a_forward_that_raises_while_measured_leaves_no_saved_tensors_hook():
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 5, 3)), batch_size=2)
     with pytest.raises(ValueError, match="input: dtype torch.float64"):
         trainer.fit(RaisesInForward(), data)
-    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert not _saved_tensors_hook_active()
     with torch.autograd.graph.disable_saved_tensors_hooks("no hook may be active here"):
         pass
+
+
+def _saved_tensors_hook_active() -> bool:
+    """Whether a saved-tensors default hook is installed: it packs what ``a * a`` saves, and a
+    saved tensor takes one pair of hooks only (torch 2.4 has no
+    ``torch._C._autograd._top_saved_tensors_default_hooks`` to ask)."""
+    a = torch.ones(1, requires_grad=True)
+    product = a * a  # kept: its graph holds the saved tensor
+    try:
+        product.grad_fn._raw_saved_self.register_hooks(lambda t: t, lambda t: t)
+    except RuntimeError as err:
+        if "hooks have already been set" not in str(err):
+            raise
+        return True
+    return False
+
+
+def test_the_saved_tensors_hook_probe_sees_a_hook():
+    assert not _saved_tensors_hook_active()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert _saved_tensors_hook_active()
+    assert not _saved_tensors_hook_active()

@@ -59,8 +59,26 @@ def test_a_build_without_a_compiler_says_so_in_the_warning():
     assert "/bin/sh: 1: c++: not found" in dispatch._summary(err)
 
 
-def test_torch_without_is_exporting_is_not_exporting(monkeypatch):
-    monkeypatch.delattr(torch.compiler, "is_exporting")  # torch < 2.7
+def test_a_long_compile_command_is_cut_before_the_cause():
+    """The first line ends with the compile command (torch 2.4's flags and long paths made it
+    fill the whole summary): it is cut, the cause is kept, and the summary stays in bounds."""
+    command = "c++ " + " ".join(f"-isystem /a/long/path/{i}/torch/include" for i in range(40))
+    err = dispatch.BackendUnavailable(
+        f"building the 'cpp' kernels failed: Error building extension 'x': [1/2] {command}\n"
+        f"FAILED: rnn_cpu.o\n{command}\nrnn_cpu.cpp:1:2: error: #error \"the cause\"\nninja: build stopped"
+    )
+    summary = dispatch._summary(err)
+    assert len(summary) <= 1000
+    assert summary.startswith("building the 'cpp' kernels failed: Error building extension 'x': [1/2] c++ ")
+    assert summary.endswith('... | rnn_cpu.cpp:1:2: error: #error "the cause"')
+
+
+def test_torch_without_is_exporting_tells_export_by_is_compiling_outside_dynamo(monkeypatch):
+    monkeypatch.delattr(torch.compiler, "is_exporting", raising=False)  # torch < 2.7
+    assert dispatch._is_exporting() is False
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what torch.export's tracing sets
+    assert dispatch._is_exporting() is True
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)  # Dynamo (torch.compile too)
     assert dispatch._is_exporting() is False
 
 

@@ -1,4 +1,5 @@
 """Function transforms over the fused layers: torch.func (via torch.nn's path) and torch.compile."""
+import inspect
 import io
 import warnings
 
@@ -114,14 +115,16 @@ EXPORT_CASES = [
 @pytest.mark.parametrize("fused_class, kwargs", EXPORT_CASES)
 def test_torch_export_with_a_dynamic_batch(fused_class, kwargs):
     """torch.export captures torch.nn's op (aten.lstm / aten.gru), and the program runs a
-    batch of another size with the numbers of the layer's own kernels."""
+    batch of another size with the numbers of the layer's own kernels. Non-strict export,
+    torch 2.13's default, said for torch 2.4, whose default is strict: strict export traces
+    with Dynamo, which runs the layer outside its graph, and export wants one whole graph."""
     torch.manual_seed(0)
     model = _WithHead(fused_class(3, 4, num_layers=2, **kwargs)).eval()
     batch_dim = 0 if kwargs.get("batch_first") else 1
     shape = [5, 5, 3]
     shape[batch_dim] = 2
     program = torch.export.export(
-        model, (torch.randn(*shape),), dynamic_shapes=({batch_dim: torch.export.Dim("batch")},)
+        model, (torch.randn(*shape),), dynamic_shapes=({batch_dim: torch.export.Dim("batch")},), strict=False
     )
     ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert f"aten.{fused_class.cell.name}.input" in ops
@@ -150,6 +153,11 @@ def test_torch_jit_trace_saves_and_loads(fused_class, kwargs):
         torch.testing.assert_close(loaded(other), model(other))
 
 
+@pytest.mark.skipif(
+    "dynamic_shapes" not in inspect.signature(torch.onnx.export).parameters,
+    reason=f"torch {torch.__version__}: torch.onnx.export has no dynamic_shapes (torch 2.4's dynamo=True "
+           "exporter traces with Dynamo, strict, which runs the layer outside its graph)",
+)
 @pytest.mark.parametrize("fused_class", [FusedLSTM, FusedGRU])
 def test_onnx_export_runs_in_onnxruntime(fused_class, tmp_path):
     """Through torch.export to ONNX (torch's exporter), run by onnxruntime on another batch size."""
