@@ -300,7 +300,8 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
   // than kBiasBlock steps (one over all T steps of a GRU at T 2000 was off by 8e-7
   // relative, 15x torch.nn's b_ih gradient).
   constexpr int64_t kBiasBlock = 32;
-  at::Tensor db_rows = at::zeros({B, 4 * H}, sopt), db_sum = at::zeros({B, 4 * H}, sopt);
+  // db_sum is float64: thousands of blocks (T 10,000+) add up without a float32 running sum.
+  at::Tensor db_rows = at::zeros({B, 4 * H}, sopt), db_sum = at::zeros({B, 4 * H}, sopt.dtype(at::kDouble));
   // The carried dh: (B, H) into the pointwise pass; with a projection the pass starts
   // from zeros and the (B, P) carry dh_p lives outside it, with dh_t of every token kept
   // in d_h (N, P) for dW_hr and dr = dh_t W_hr (B, H) as the pass's output gradient.
