@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -34,6 +35,7 @@ def run(cfg: DictConfig):
     (the optimized metric for ``train``, which Hydra sweepers minimize)."""
     task = instantiate(cfg.task)  # imports the task's module, and with it Lightning
     route_lightning_logs_through_hydra()
+    quiet_upstream_deprecations()
     try:
         result = task(cfg)
     except Exception as err:
@@ -98,6 +100,17 @@ def route_lightning_logs_through_hydra() -> None:
             if type(handler) is logging.StreamHandler:  # Lightning's console handler, not a file handler
                 logger.removeHandler(handler)
         logger.propagate = True
+
+
+#: Deprecation warnings that Lightning's own code raises from torch, which a user of the
+#: CLI can do nothing about (Lightning 2.6 with torch 2.13: its pytree check, per batch).
+UPSTREAM_DEPRECATIONS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+
+
+def quiet_upstream_deprecations() -> None:
+    """Hide UPSTREAM_DEPRECATIONS in the CLI's runs (not when the package is imported)."""
+    for message in UPSTREAM_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 #: Overrides that compose Hydra's Optuna sweeper, a plugin of its own package.

@@ -28,7 +28,8 @@ def logged_values(directory: Path, metric="val/loss") -> dict[int, float]:
 def one_process_run(tmp_path_factory):
     """The default experiment on one process, global batch 8; its run directory."""
     cwd = tmp_path_factory.mktemp("one_process")
-    run_cli([*TINY, "data.batch_size=8"], cwd)
+    result = run_cli([*TINY, "data.batch_size=8"], cwd)
+    (cwd / "cli_output.txt").write_text(result.stdout + result.stderr)
     return run_dir(cwd)
 
 
@@ -45,6 +46,12 @@ def test_train_writes_checkpoint_and_logs_under_the_hydra_output_dir(one_process
     assert (one_process_run / "checkpoints" / "last.ckpt").is_file()
     assert (one_process_run / ".hydra" / "config.yaml").is_file()
     assert len(logged_values(one_process_run)) == 2  # validated twice
+
+
+def test_the_run_prints_no_deprecation_that_lightning_raises_from_torch(one_process_run):
+    output = (one_process_run.parents[2] / "cli_output.txt").read_text()
+    assert "final metrics:" in output  # the run's own report is there
+    assert "LeafSpec" not in output
 
 
 def test_sample_prints_only_the_generated_text(one_process_run, tmp_path):
