@@ -19,8 +19,12 @@ def _python_blocks(text: str) -> list[str]:
 
 def _targets(line: str) -> list[str]:
     """The names an assignment line binds, left to right (``out, (h_n, c_n) = ...``)."""
-    target = ast.parse(line.split("#")[0].strip()).body[0].targets[0]
-    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Name):
+            return [node.id]
+        return [name for element in getattr(node, "elts", ()) for name in names(element)]
+
+    return names(ast.parse(line.split("#")[0].strip()).body[0].targets[0])
 
 
 def test_the_readme_layer_example_runs_and_its_commented_shapes_hold():
