@@ -49,15 +49,22 @@ def test_small_activations_keep_float32_relative_accuracy(cell, scale):
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_bias_gradient_of_a_long_sequence_as_accurate_as_the_reference_s(cell):
+    """Errors summed over four seeds, as a multiple of the float32 reference's: 1.3x (LSTM)
+    and 1.0x (GRU) on an AMD EPYC, where one float32 running sum over the T steps gave 2.7x
+    and 4.5x. One seed's ratio swings with the rounding of both (0.2-3.3x for the LSTM's
+    outputs and gradients there; its bias gradient at seed 0: 2.7x)."""
     fn = lambda module: module.lstm if cell == "lstm" else module.gru  # noqa: E731
-    args = make_args(cell, [2] * 2000, I=4, H=8)
-    args32 = tuple(a.detach().float().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                   else a for a in args)
-    exact = run_and_grad(fn(reference), args)[1]
-    ours = run_and_grad(fn(kernels_for("cpp")), args32)[1]
-    ref32 = run_and_grad(fn(reference), args32)[1]
-    for k in (-2, -1):  # b_ih, b_hh: the last leaves
-        scale = float(exact[k].abs().max())
-        err = float((ours[k].double() - exact[k]).abs().max()) / scale
-        ref_err = float((ref32[k].double() - exact[k]).abs().max()) / scale
-        assert err <= 2 * ref_err + 1e-7, (err, ref_err)
+    err = {"ours": [0.0, 0.0], "ref32": [0.0, 0.0]}
+    for seed in range(4):
+        args = make_args(cell, [2] * 2000, I=4, H=8, seed=seed)
+        args32 = tuple(a.detach().float().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                       else a for a in args)
+        exact = run_and_grad(fn(reference), args)[1]
+        runs = {"ours": run_and_grad(fn(kernels_for("cpp")), args32)[1],
+                "ref32": run_and_grad(fn(reference), args32)[1]}
+        for i, k in enumerate((-2, -1)):  # b_ih, b_hh: the last leaves
+            scale = float(exact[k].abs().max())
+            for name, grads in runs.items():
+                err[name][i] += float((grads[k].double() - exact[k]).abs().max()) / scale
+    for ours, ref in zip(err["ours"], err["ref32"], strict=True):
+        assert ours <= 2 * ref, (ours, ref)

@@ -112,11 +112,13 @@ def test_float32_chunks_close_to_reference(cell, reverse, I, H, panels, chunk_ro
 
 def test_chunks_on_one_thread_where_dG_outgrows_half_the_l2():
     """Automatic: chunks of 256 rows on one thread where dG (N rows) is over 1 MiB, in one
-    precision and on the CPU; after the loop otherwise."""
+    precision and on the CPU; after the loop otherwise (and where MKL runs its generic
+    kernels: test_mkl_path.py)."""
     ext = cpp.load()
     assert ext.forced_grad_chunk_rows() == -1
     row = 4 * 64 * 4  # LSTM, hidden 64, float32
     previous = torch.get_num_threads()
+    ext.force_mkl_generic(0)
     try:
         torch.set_num_threads(1)
         assert ext.grad_chunk_rows(True, 2500, row) == 256  # batch 50, T 50: 2.5 MB
@@ -126,6 +128,7 @@ def test_chunks_on_one_thread_where_dG_outgrows_half_the_l2():
         assert ext.grad_chunk_rows(True, 2500, row) == 0
     finally:
         torch.set_num_threads(previous)
+        ext.force_mkl_generic(-1)
 
 
 def test_forced_chunk_rows_are_checked():

@@ -16,6 +16,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(params=[0, 1], ids=["mkl_intel", "mkl_generic"], autouse=True)
+def generic(request):
+    """1 where the GEMMs are chosen for MKL's generic kernels (csrc/rnn_blas.h): x W_ih^T then
+    runs on panels of W_ih^T (66 rows), one more packed weight per call."""
+    ext = cpp.load()
+    ext.force_mkl_generic(request.param)
+    yield request.param
+    ext.force_mkl_generic(-1)
+
+
 def _args(cell, seed=0):
     # 4 steps (66 rows): below the step count at which a call packs W_hh on its own
     return make_args(cell, [20, 20, 16, 10], I=H, H=H, dtype=torch.float32, seed=seed)
@@ -27,29 +37,30 @@ def _run(cell, args):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_each_weight_packed_once_while_active_and_results_unchanged(cell):
+def test_each_weight_packed_once_while_active_and_results_unchanged(cell, generic):
     args = _args(cell)
     expected = _run(cell, args)
     store = cpp.weight_packs()
     with store:
         first = _run(cell, args)
-        assert len(store) == 1  # W_hh (x W_ih^T runs in at::mm, unpacked)
+        packed = 1 + generic  # W_hh, and W_ih^T's panels where x W_ih^T runs on them (else at::mm)
+        assert len(store) == packed
         w_ih, w_hh = args[-5], args[-4]  # make_args: ..., w_ih, w_hh, b_ih, b_hh, reverse
         detached = (*args[:-5], w_ih.detach(), w_hh.detach(), *args[-3:])  # new views, same weights
         second = _run(cell, detached)
-        assert len(store) == 1
-    assert len(store) == 1  # kept after the block, until cleared
+        assert len(store) == packed
+    assert len(store) == packed  # kept after the block, until cleared
     for got in (first, second):
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, **TOL)
     _run(cell, args)  # inactive: nothing added
-    assert len(store) == 1
+    assert len(store) == packed
     store.clear()
     assert len(store) == 0
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_a_weight_changed_in_place_is_packed_again(cell):
+def test_a_weight_changed_in_place_is_packed_again(cell, generic):
     args = _args(cell)
     w_hh = args[-4]
     store = cpp.weight_packs()
@@ -58,20 +69,21 @@ def test_a_weight_changed_in_place_is_packed_again(cell):
         with torch.no_grad():
             w_hh.mul_(-1.5)  # bumps the version: the packed copy is stale
         after = _run(cell, args)
-    assert len(store) == 2
-    expected = _run(cell, args)
+    assert len(store) == 2 + generic  # W_hh before and after; W_ih^T (unchanged) once
+    with cpp.weight_packs():  # a fresh store packs the changed weight: the same GEMMs, bit for bit
+        expected = _run(cell, args)
     for a, b in zip(after, expected, strict=True):
-        torch.testing.assert_close(a, b, **TOL)
+        assert torch.equal(a, b)
     assert not torch.allclose(before[0], after[0])
 
 
-def test_stores_nest_and_exit_in_order():
+def test_stores_nest_and_exit_in_order(generic):
     args = _args("lstm")
     outer, inner = cpp.weight_packs(), cpp.weight_packs()
     with outer:
         with inner:
             _run("lstm", args)
         _run("lstm", make_args("lstm", [20, 20, 16, 10], I=H, H=H, dtype=torch.float32, seed=1))
-    assert (len(outer), len(inner)) == (1, 1)
+    assert (len(outer), len(inner)) == (1 + generic, 1 + generic)
     with pytest.raises(RuntimeError, match="exit without a matching enter"):
         inner.__exit__(None, None, None)

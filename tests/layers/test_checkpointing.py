@@ -160,23 +160,27 @@ def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
 
 @pytest.mark.skipif("cpp" not in BACKENDS or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"),
                     reason="needs the cpp backend and oneDNN weight packing")
+@pytest.mark.parametrize("generic", [0, 1], ids=["mkl_intel", "mkl_generic"])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_weights_packed_once_per_pass_and_released(bidirectional, monkeypatch):
+def test_weights_packed_once_per_pass_and_released(bidirectional, generic, monkeypatch):
     """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied
-    after it (with panels on, whatever this CPU's default)."""
+    after it (with panels on, whatever this CPU's default; GEMMs chosen for MKL's Intel or
+    generic kernels, kernels/csrc/rnn_blas.h)."""
     import lightning_rnn.layers.recurrent as recurrent
     from lightning_rnn.kernels import cpp
 
     ext = cpp.load()
     default = ext.panels_enabled()
     ext.set_panels(True)
+    ext.force_mkl_generic(generic)
     try:
-        _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent)
+        _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent)
     finally:
         ext.set_panels(default)
+        ext.force_mkl_generic(-1)
 
 
-def _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent):
+def _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent):
 
     sizes_at_clear, stores = [], []
 
@@ -207,9 +211,11 @@ def _check_packed_once_per_pass(bidirectional, monkeypatch, recurrent):
     calls = 1 if not bidirectional else 4  # the whole stack, or each layer-direction
     layers = 2 if not bidirectional else 1  # per store
     assert len(stores) == calls
-    # cleared once after forward: W_hh^T (panels) per layer (x W_ih^T runs in at::mm); once
-    # after backward, which also packs W_hh (panels, per-step dG_h W_hh) and W_ih (panels, dG W_ih)
-    assert sorted(sizes_at_clear) == [1 * layers] * calls + [3 * layers] * calls
+    # cleared once after forward: W_hh^T (panels) per layer, and W_ih^T's panels where x W_ih^T
+    # runs on them (generic; else in at::mm); once after backward, which also packs W_hh
+    # (panels, per-step dG_h W_hh) and W_ih (panels, dG W_ih)
+    forward = 1 + generic
+    assert sorted(sizes_at_clear) == [forward * layers] * calls + [(forward + 2) * layers] * calls
     assert all(len(s.store) == 0 for s in stores)
     # float32 through oneDNN's packed GEMMs (checkpointed) vs MKL's at 5-step chunks: rounding only
     for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):

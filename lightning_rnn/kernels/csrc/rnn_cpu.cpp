@@ -158,6 +158,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "keep at most this many bytes of big kernel buffers mapped between calls (0: none)");
   m.def("pool_capacity", &BufferPool::get_capacity, "bytes of kernel buffers kept mapped at most");
   m.def("pool_idle_bytes", &BufferPool::idle_bytes, "bytes of kernel buffers kept mapped now, unused");
+  m.def("mkl_generic", &MklPath::generic,
+        "whether the kernels choose their GEMMs for MKL's generic kernels (an x86 CPU not made by Intel)");
+  m.def("mkl_generic_detected", &MklPath::detected_generic, "what mkl_generic() detects, whatever is forced");
+  m.def("force_mkl_generic", &MklPath::force,
+        "tests: choose GEMMs as if MKL ran its generic kernels (1) or not (0); -1 detects again");
   m.def("panel_width", [] { return PanelGemm::kWidth; }, "columns per panel: two of the build's widest vectors");
   m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/w), K, w) panels, w = panel_width()");
   m.def(

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "rnn_blas.h"
 #include "rnn_panels.h"
 #include "rnn_pool.h"
 #include "rnn_transpose.h"
@@ -236,27 +237,6 @@ inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack 
   return at::mm(x, w.t());
 }
 
-// x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
-// forward's x W_ih^T, which become the saved gates): at::mm, since oneDNN allocates its
-// results itself. Forward + backward of one layer, batch 50, T 50, 1 thread,
-// Xeon, into the pool with at::mm / oneDNN (W_ih packed, a fresh result): LSTM hidden
-// 128 16.5 / 16.9 ms, 256 64.3 / 65.3, 512 243 / 243; GRU 128 13.2 / 13.8.
-inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
-  at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
-  return at::mm_out(y, x, w.t());
-}
-
-// The weight gradient dG^T x (out, in) for dG (M, out), x (M, in), summed over the M rows:
-// oneDNN as (x^T dG)^T where usable, big enough, at a fast size and dG is contiguous, else at::mm.
-inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
-  if (DnnlGemm::usable(x) && dG.is_contiguous() && dG.size(1) >= kDnnlMinDim && x.size(1) >= kDnnlMinDim &&
-      x.size(0) >= 512 && dnnl_plain_weight_fast(dG.size(1), x.size(1))) {
-    at::Tensor y = DnnlGemm::linear(transposed(x), dG.t());  // (in, out)
-    if (y.defined()) return transposed(y);
-  }
-  return at::mm(dG.t(), x);
-}
-
 // M (K, N) copied into panels (rnn_panels.h), once per pass inside an active WeightPacks store.
 inline at::Tensor panels_of(const at::Tensor& m) {
   constexpr int kPanelKind = 1;  // WeightPacks kind (oneDNN's is DnnlGemm::kKind)
@@ -265,12 +245,43 @@ inline at::Tensor panels_of(const at::Tensor& m) {
                : PanelGemm::pack(m);
 }
 
-// Deepest dG block (K = its columns) for which the input gradient dG W_ih runs on panels.
+// Deepest GEMM (K) the panels take outside the per-step GEMMs: dG W_ih (input_grad_gemm,
+// K = dG's columns) and, where MKL runs its generic kernels, x W_ih^T (K = input size).
 // Measured, 1 thread, 2500 rows, W_ih (4H x H), ms panels / at::mm / oneDNN with the
 // unpacked weight (fast at powers of two only): H 32: 0.40 / 0.51 / 0.46, 64: 1.40 / 1.93,
 // 128: 5.98 / 8.13, 256: 22.3 / 25.4 / 22, 512 (K 2048): 92.5 / 94.9 / 86.9. Inside a
 // layer at H 128: LSTM 50.2 -> 48.8 ms, GRU 33.5 -> 32.8; at H 64 and 256 within the noise.
 constexpr int64_t kPanelMaxDepth = 1024;
+
+// x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
+// forward's x W_ih^T, which become the saved gates): at::mm, since oneDNN allocates its
+// results itself. Forward + backward of one layer, batch 50, T 50, 1 thread,
+// Xeon, into the pool with at::mm / oneDNN (W_ih packed, a fresh result): LSTM hidden
+// 128 16.5 / 16.9 ms, 256 64.3 / 65.3, 512 243 / 243; GRU 128 13.2 / 13.8.
+// Where at::mm runs MKL's generic kernels (rnn_blas.h), panels of W_ih^T instead.
+inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
+  at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
+  if (MklPath::generic() && PanelGemm::enabled() && PanelGemm::supports(x) && x.stride(1) == 1 &&
+      x.size(1) <= kPanelMaxDepth && worth_packing(x.size(0), 64)) {
+    PanelGemm::run(x, panels_of(w.t()), w.size(0), y);
+    return y;
+  }
+  return at::mm_out(y, x, w.t());
+}
+
+// The weight gradient dG^T x (out, in) for dG (M, out), x (M, in), summed over the M rows:
+// oneDNN as (x^T dG)^T where usable, over at least 512 rows of a contiguous dG, at sizes
+// that are big and fast (or any size where at::mm runs MKL's generic kernels: rnn_blas.h);
+// else at::mm.
+inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
+  const bool dnnl_sizes = MklPath::generic() || (dG.size(1) >= kDnnlMinDim && x.size(1) >= kDnnlMinDim &&
+                                                 dnnl_plain_weight_fast(dG.size(1), x.size(1)));
+  if (DnnlGemm::usable(x) && dG.is_contiguous() && x.size(0) >= 512 && dnnl_sizes) {
+    at::Tensor y = DnnlGemm::linear(transposed(x), dG.t());  // (in, out)
+    if (y.defined()) return transposed(y);
+  }
+  return at::mm(dG.t(), x);
+}
 
 // The input gradient dG (M, K) @ w (K, I) for a dG block with unit column stride: panels
 // where K is small enough and M large enough to pay for copying w (a pass over w against

@@ -1,0 +1,77 @@
+"""The GEMM choices made where at::mm runs MKL's generic kernels (csrc/rnn_blas.h): the
+forward's input projection on panels, the weight gradients in oneDNN at every size, the
+backward's GEMMs after the loop. Both sets of choices run on any x86 CPU when forced."""
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_rnn.kernels import cpp, reference
+
+from kernel_cases import check_float32_error, make_args
+
+
+@pytest.fixture(params=[1, 0], ids=["mkl_generic", "mkl_intel"])
+def mkl_generic(request):
+    """The cpp kernels choosing their GEMMs as if MKL ran its generic kernels (1) or not (0)."""
+    ext = cpp.load()
+    ext.force_mkl_generic(request.param)
+    yield request.param
+    ext.force_mkl_generic(-1)
+
+
+def _vendor() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def test_detects_mkl_s_generic_kernels_on_x86_cpus_not_made_by_intel():
+    vendor = _vendor()
+    if vendor is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs an x86 CPU with /proc/cpuinfo")
+    ext = cpp.load()
+    want = torch.backends.mkl.is_available() and vendor != "GenuineIntel"
+    assert ext.mkl_generic_detected() == want
+    assert ext.mkl_generic() == want
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_no_gradient_chunks_where_mkl_runs_generic_kernels(mkl_generic, threads):
+    """dG of 2.5 MB: chunks of 256 rows on one thread for MKL's Intel kernels; after the
+    loop (one oneDNN GEMM per weight gradient) for its generic ones, or on two threads."""
+    ext = cpp.load()
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        want = 256 if threads == 1 and not mkl_generic else 0
+        assert ext.grad_chunk_rows(True, 2500, 4 * 64 * 4) == want
+    finally:
+        torch.set_num_threads(previous)
+
+
+# 600 rows: the projection (>= 64 rows) on panels and the weight gradients (>= 512 rows) in
+# oneDNN for the generic choices; H 40 and I 24 are not powers of two, H 64 is.
+@pytest.mark.parametrize("schedule", [[50] * 12, [60] * 6 + [45] * 4 + [12] * 3], ids=["full", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("I, H", [(24, 40), (64, 64)], ids=["H40", "H64"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_float32_close_to_reference_with_either_choices(cell, I, H, reverse, schedule, mkl_generic):
+    args = make_args(cell, schedule, I=I, H=H, reverse=reverse)
+    check_float32_error(getattr(cpp, cell), getattr(reference, cell), args, (-5, -4))
+
+
+def test_projected_lstm_close_to_reference_with_the_generic_choices(mkl_generic):
+    args = make_args("lstm", [50] * 12, I=24, H=40, P=16)
+    check_float32_error(cpp.lstm, reference.lstm, args, (-6, -5, -1))
+
+
+def test_forced_value_is_checked():
+    ext = cpp.load()
+    with pytest.raises(RuntimeError, match=r"expected -1 \(detect\), 0 or 1, got 2"):
+        ext.force_mkl_generic(2)
