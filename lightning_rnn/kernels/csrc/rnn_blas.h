@@ -13,7 +13,10 @@
 // LSTM fwd + bwd against torch.nn, batch 50, T 50, interleaved, 1 thread, without / with
 // the three choices below: 1x64 1.02-1.04 / 0.96-0.97, 1x128 1.09 / 1.05-1.06, 2x128
 // 0.81 / 0.78, 3x128 0.83 / 0.80, 1x256 0.93 / 0.89, 1x512 0.99 / 0.95; GRU within 0.01.
-// On Intel CPUs (where the Xeon measurements in rnn_gemm.h were taken) nothing changes.
+// On Intel CPUs (where the Xeon measurements in rnn_gemm.h were taken) nothing changes,
+// nor on CPUs with AVX2 only: on an AMD EPYC with AVX2, oneDNN's weight gradients at sizes
+// that are not powers of two had run 1.3-3x longer than MKL's (rnn_gemm.h,
+// dnnl_plain_weight_fast), and chunks and panels for the projection were not measured there.
 #pragma once
 
 #include <ATen/Context.h>
@@ -36,7 +39,7 @@ class MklPath {
       if (!at::globalContext().hasMKL()) return false;  // ATen's BLAS is another library
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
       __builtin_cpu_init();
-      return !__builtin_cpu_is("intel");
+      return !__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f");
 #else
       return false;  // MKL runs on x86 only
 #endif
@@ -45,8 +48,8 @@ class MklPath {
   }
 
  public:
-  // True where at::mm runs MKL's generic kernels (ATen built with MKL, an x86 CPU not made
-  // by Intel). There, the driver:
+  // True where at::mm runs MKL's generic kernels on a CPU with AVX-512 (ATen built with
+  // MKL, an x86 CPU with AVX-512 not made by Intel). There, the driver:
   //  - runs the forward's input projection x W_ih^T on panels (proj_gemm_pooled);
   //  - runs the weight gradients in oneDNN at every size (wgrad_gemm);
   //  - runs the backward's dx / dW GEMMs after the loop, not in chunks (GradChunking).

@@ -159,7 +159,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_capacity", &BufferPool::get_capacity, "bytes of kernel buffers kept mapped at most");
   m.def("pool_idle_bytes", &BufferPool::idle_bytes, "bytes of kernel buffers kept mapped now, unused");
   m.def("mkl_generic", &MklPath::generic,
-        "whether the kernels choose their GEMMs for MKL's generic kernels (an x86 CPU not made by Intel)");
+        "whether the kernels choose their GEMMs for MKL's generic kernels (an AVX-512 CPU not made by Intel)");
   m.def("mkl_generic_detected", &MklPath::detected_generic, "what mkl_generic() detects, whatever is forced");
   m.def("force_mkl_generic", &MklPath::force,
         "tests: choose GEMMs as if MKL ran its generic kernels (1) or not (0); -1 detects again");
