@@ -11,8 +11,10 @@
 //   weight gradients in chunks of 250 rows as they are finished (rnn_grad_gemms.h):
 //                              H 128: 3.84 at::mm, against 3.45 for oneDNN after the loop
 // LSTM fwd + bwd against torch.nn, batch 50, T 50, interleaved, 1 thread, without / with
-// the three choices below: 1x64 1.02-1.04 / 0.96-0.97, 1x128 1.09 / 1.05-1.06, 2x128
-// 0.81 / 0.78, 3x128 0.83 / 0.80, 1x256 0.93 / 0.89, 1x512 0.99 / 0.95; GRU within 0.01.
+// the three choices below: 1x64 1.02-1.05 / 0.96-0.99, 1x128 1.09 / 1.04-1.06, 2x128
+// 0.81-0.84 / 0.78-0.80, 3x128 0.83 / 0.80, 1x256 0.93 / 0.89, 1x512 0.99 / 0.95; GRU
+// within 0.01. oneDNN's weight gradient was faster than at::mm there at H 8-512 (powers of
+// two) and H 96, 200, 384 (not), and 3 % slower at H 32 with input 300 (2.17 / 2.11 ms).
 // On Intel CPUs (where the Xeon measurements in rnn_gemm.h were taken) nothing changes,
 // nor on CPUs with AVX2 only: on an AMD EPYC with AVX2, oneDNN's weight gradients at sizes
 // that are not powers of two had run 1.3-3x longer than MKL's (rnn_gemm.h,
