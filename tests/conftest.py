@@ -34,3 +34,16 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(1)
+
+
+@pytest.fixture(params=[1, 0], ids=["mkl_generic", "mkl_intel"])
+def mkl_generic(request):
+    """The cpp kernels choosing their GEMMs as if MKL ran its generic kernels (1: an
+    AVX-512 CPU not made by Intel; kernels/csrc/rnn_blas.h) or its Intel ones (0), whatever
+    this CPU is; detected again after the test."""
+    from lightning_rnn.kernels import cpp
+
+    ext = cpp.load()
+    ext.force_mkl_generic(request.param)
+    yield request.param
+    ext.force_mkl_generic(-1)

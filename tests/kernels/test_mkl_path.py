@@ -12,15 +12,6 @@ from lightning_rnn.kernels import cpp, reference
 from kernel_cases import check_float32_error, make_args
 
 
-@pytest.fixture(params=[1, 0], ids=["mkl_generic", "mkl_intel"])
-def mkl_generic(request):
-    """The cpp kernels choosing their GEMMs as if MKL ran its generic kernels (1) or not (0)."""
-    ext = cpp.load()
-    ext.force_mkl_generic(request.param)
-    yield request.param
-    ext.force_mkl_generic(-1)
-
-
 def _cpuinfo() -> tuple[str | None, list[str]]:
     """The CPU's vendor_id and flags from /proc/cpuinfo (None, [] without it)."""
     vendor, flags = None, []
@@ -46,18 +37,12 @@ def test_detects_mkl_s_generic_kernels_on_avx512_cpus_not_made_by_intel():
     assert ext.mkl_generic() == want
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_no_gradient_chunks_where_mkl_runs_generic_kernels(mkl_generic, threads):
     """dG of 2.5 MB: chunks of 256 rows on one thread for MKL's Intel kernels; after the
     loop (one oneDNN GEMM per weight gradient) for its generic ones, or on two threads."""
-    ext = cpp.load()
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        want = 256 if threads == 1 and not mkl_generic else 0
-        assert ext.grad_chunk_rows(True, 2500, 4 * 64 * 4) == want
-    finally:
-        torch.set_num_threads(previous)
+    want = 256 if threads == 1 and not mkl_generic else 0
+    assert cpp.load().grad_chunk_rows(True, 2500, 4 * 64 * 4) == want
 
 
 # 600 rows: the projection (>= 64 rows) on panels and the weight gradients (>= 512 rows) in

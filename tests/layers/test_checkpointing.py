@@ -160,9 +160,8 @@ def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
 
 @pytest.mark.skipif("cpp" not in BACKENDS or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"),
                     reason="needs the cpp backend and oneDNN weight packing")
-@pytest.mark.parametrize("generic", [0, 1], ids=["mkl_intel", "mkl_generic"])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_weights_packed_once_per_pass_and_released(bidirectional, generic, monkeypatch):
+def test_weights_packed_once_per_pass_and_released(bidirectional, mkl_generic, monkeypatch):
     """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied
     after it (with panels on, whatever this CPU's default; GEMMs chosen for MKL's Intel or
     generic kernels, kernels/csrc/rnn_blas.h)."""
@@ -172,12 +171,10 @@ def test_weights_packed_once_per_pass_and_released(bidirectional, generic, monke
     ext = cpp.load()
     default = ext.panels_enabled()
     ext.set_panels(True)
-    ext.force_mkl_generic(generic)
     try:
-        _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent)
+        _check_packed_once_per_pass(bidirectional, mkl_generic, monkeypatch, recurrent)
     finally:
         ext.set_panels(default)
-        ext.force_mkl_generic(-1)
 
 
 def _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent):
