@@ -2,7 +2,7 @@
 it never takes their parallel paths; users train with every core by default).
 
 What runs in parallel (kernels/csrc): the pointwise passes over a step's rows in chunks
-of ~16K elements (rows x 4H: 512 rows at hidden 8, 64 at 64, 31 at 130), the backward's
+of ~4K elements (rows x 4H: 128 rows at hidden 8, 16 at 64, 7 at 130), the backward's
 scan over batch rows (one row a chunk), the panel GEMM of steps of up to 64 rows over its
 panels of W (and the copy into panels), the blocked transpose of the weight gradients,
 and MKL's / oneDNN's GEMMs. The schedules below split each of them (8+ steps: below 8 the
