@@ -50,8 +50,7 @@ struct ScanRow {
   const A* prev;   // (H) LSTM: c_{t-1};  GRU: h_{t-1}
   A* cur;          // (H) LSTM: c_t is written;  GRU: h_{t-1} is written (kept for backward)
   A* next;         // (H) GRU: h_t, i.e. the next token's h_{t-1}
-  S* next_c;       // (H) h_t in compute dtype: the next token's GEMM row for dW_hh
-                   //     (LSTM with at_token: o * tanh(c_t) in this token's row)
+  S* next_c;       // (H) GRU: h_t in compute dtype, the next token's GEMM row for dW_hh
 };
 
 template <typename S, typename A>
@@ -60,14 +59,17 @@ struct ScanArgs {  // the whole direction
   const A* h0;         // (B, H) initial state, state dtype
   const A* c0;         // (B, H) LSTM initial cell state
   A* states;           // (N, H) LSTM: c_t;  GRU: h_{t-1} per token
-  S* h_prev_c;         // (N, H) h_{t-1} per token in compute dtype (for dW_hh)
+  S* h_prev_c;         // (N, H) h_{t-1} per token in compute dtype (for dW_hh): the scan
+                       //     writes h0 at each sequence's first token, the GRU all rows
+                       //     (the LSTM's other rows come from its backward pass: BwdRow::h_out)
   A* tail;             // (B, H) scratch: where the last token's "next" goes
   S* tail_c;           // (B, H)
   const int64_t* sizes; const int64_t* offsets;
   int64_t T, H;
   bool reverse;
-  // LSTM with a projection: h_prev_c gets o * tanh(c_t) at each token's own row (the
-  // driver projects it and shifts it to h_{t-1} itself) and h0 is not read.
+  // LSTM with a projection: h_prev_c holds r_t = o * tanh(c_t) at each token's own row
+  // (the backward pass writes it; the driver projects and shifts it to h_{t-1} itself),
+  // so the scan writes no h0 there.
   bool at_token;
 };
 
@@ -102,6 +104,9 @@ struct BwdRow {
   A* dc;           // (H) LSTM carried dc
   S* dG;           // (4H) pre-activation gradients
   A* db;           // (4H) per-row bias gradient accumulator
+  S* h_out;        // (H) LSTM: o * tanh(c_t) in compute dtype, the next token's h_{t-1} for
+                   //     dW_hh (a scratch row where no next token exists; with a projection
+                   //     r_t in this token's own row); the GRU writes none
 };
 
 template <typename S, typename A>
@@ -110,11 +115,12 @@ struct BwdStep {  // one time step, rows [0, n)
   const A* prev; const A* c0; int64_t m_prev;  // prev rows valid for b < m_prev, else c0
   const S* d_out; const S* dh_in; const S* zeros; int64_t m_in;  // dh_in valid for b < m_in
   A* dh; A* dc; S* dG; A* db;
+  S* h_next; int64_t m_next; S* h_spare;  // h_out rows: h_next's for b < m_next, else h_spare's
   int64_t n, H;
   RNN_HD BwdRow<S, A> row(int64_t b) const {
     return {gates + b * 4 * H, state + b * H, b < m_prev ? prev + b * H : c0 + b * H,
             d_out + b * H, !dh_in ? nullptr : b < m_in ? dh_in + b * H : zeros, dh + b * H, dc + b * H,
-            dG + b * 4 * H, db + b * 4 * H};
+            dG + b * 4 * H, db + b * 4 * H, b < m_next ? h_next + b * H : h_spare + b * H};
   }
 };
 
@@ -171,17 +177,16 @@ struct LstmCell {
   RNN_HD static ScanRow<S, A> scan_row(const ScanArgs<S, A>& a, int64_t b, int64_t tok, int64_t ptok,
                                        int64_t ntok) {
     const int64_t H = a.H;
-    S* h_c = a.at_token ? a.h_prev_c + tok * H : ntok < 0 ? a.tail_c + b * H : a.h_prev_c + ntok * H;
     return {a.gates + tok * 4 * H, ptok < 0 ? a.c0 + b * H : a.states + ptok * H, a.states + tok * H,
-            a.tail + b * H, h_c};
+            a.tail + b * H, nullptr};
   }
 
+  // c_t only: h_t = o * tanh(c_t) for dW_hh is written by the backward pass, which
+  // computes tanh(c_t) anyway (one tanh per element less than rebuilding h_t here).
   template <typename S, typename A>
   RNN_HD static void scan(const ScanRow<S, A>& r, int64_t H, int64_t j) {
-    A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]), o = A(r.gates[3 * H + j]);
-    A c = f * r.prev[j] + i * g;
-    r.cur[j] = c;
-    r.next_c[j] = S(o * tanh_act(c));
+    A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]);
+    r.cur[j] = f * r.prev[j] + i * g;
   }
 
   template <bool kDhIn, typename S, typename A>
@@ -197,6 +202,7 @@ struct LstmCell {
     store_gate_grads(r.dG, r.db, H, j, di, df, dg, d_o);
     r.dc[j] = dc * f;
     r.dh[j] = A(0);
+    r.h_out[j] = S(o * tc);
   }
 };
 

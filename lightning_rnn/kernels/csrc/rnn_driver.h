@@ -2,9 +2,10 @@
 //
 // Forward:  pre = x W_ih^T (one GEMM, all N tokens); per step: hw = h_{t-1} W_hh^T
 //           (one GEMM into a preallocated buffer) + one fused pointwise pass (Dev).
-// Backward: one pointwise scan rebuilds c_t (LSTM) / h_{t-1} (GRU) and h_{t-1} for
-//           dW_hh; per step (reverse order): one fused pointwise pass writing dG and
-//           accumulating the bias gradient per row, then dh_{t-1} = dG_h W_hh (one GEMM);
+// Backward: one pointwise scan rebuilds c_t (LSTM) / h_{t-1} (GRU, also for dW_hh);
+//           per step (reverse order): one fused pointwise pass writing dG, accumulating
+//           the bias gradient per row and (LSTM) writing h_t for dW_hh, then dh_{t-1} =
+//           dG_h W_hh (one GEMM);
 //           dx, dW_ih, dW_hh as GEMMs over chunks of rows the loop has finished (one CPU
 //           thread, rnn_grad_gemms.h) or over all N rows after the loop.
 //
@@ -12,7 +13,7 @@
 // writes r = o * tanh(c) to a (B, H) buffer and one more GEMM gives h_t = r W_hr^T (n, P),
 // the step's output rows and the next step's GEMM input. Backward, per step: dh_t (n, P)
 // = d_out + carry is kept (for dW_hr), dr = dh_t W_hr (one GEMM) feeds the pointwise pass,
-// and the carry is dG_h W_hh (n, P); the scan writes r_t per token, and one GEMM over all
+// and the carry is dG_h W_hh (n, P); the pass writes r_t per token, and one GEMM over all
 // rows rebuilds h_t for dW_hh.
 //
 // Templated on the cell (LstmCell / GruCell, rnn_cells.h) and the device (Dev provides
@@ -337,6 +338,12 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
     int64_t m_in = 0;
     for (int64_t k = s.T - 1; k >= 0; --k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t], p = s.prev(t);
+      // The LSTM's pass writes h_t = o * tanh(c_t) for dW_hh: into the rows of the step
+      // after t (nt, which the loop did last) that continue t's sequences, or with a
+      // projection into t's own rows (r_t); so nt's rows are done for the GEMMs only now.
+      const int64_t nt = k + 1 < s.T ? s.step(k + 1) : -1;
+      S* h_next = proj ? ptr<S>(h_prev_c) + off * H : nt < 0 ? nullptr : ptr<S>(h_prev_c) + s.offsets[nt] * H;
+      const int64_t m_next = proj ? n : nt < 0 ? 0 : std::min(n, s.sizes[nt]);
       const S* d_rows = ptr<S>(d_out_c) + off * P;
       if (proj) {  // dh_t = d_out + carry (n, P), kept in d_h; the pass gets dr = dh_t W_hr
         at::Tensor carry = dh_p.narrow(0, 0, n), dh_t = d_h.narrow(0, off, n), dr_n = dr.narrow(0, 0, n);
@@ -353,7 +360,7 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
       BwdStep<S, A> step{ptr<S>(gates_c) + off * 4 * H, ptr<A>(states) + off * H, prev, ptr<A>(c0_s),
                          p < 0 ? 0 : s.sizes[p], d_rows, dh_direct || proj ? nullptr : ptr<S>(dh_in),
                          ptr<S>(zeros), m_in, ptr<A>(dh), ptr<A>(dc), ptr<S>(dG) + off * 4 * H, ptr<A>(db_rows),
-                         n, H};
+                         h_next, m_next, ptr<S>(tail_c), n, H};
       Dev::template backward_step<Cell, S, A>(step);
       const at::Tensor dG_h = dG.narrow(0, off, n).narrow(1, 0, HG);
       if (dh_direct) {
@@ -364,7 +371,7 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
         if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x P) result
       }
       m_in = n;
-      grad_gemms.rows_done(off, n);
+      if (nt >= 0) grad_gemms.rows_done(s.offsets[nt], s.sizes[nt]);
       if (needs[5] && (s.T - k) % kBiasBlock == 0) {
         db_sum.add_(db_rows);
         db_rows.zero_();
@@ -372,6 +379,8 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
     }
   });
 
+  const int64_t last = s.step(0);  // its h_{t-1} rows are h0, written by the scan
+  grad_gemms.rows_done(s.offsets[last], s.sizes[last]);
   std::vector<at::Tensor> grads(8);
   if (proj && needs[4]) grad_gemms.set_h_prev(projected_prev(h_prev_c, w_hr_c, h0.to(compute), s));
   grad_gemms.finish();
