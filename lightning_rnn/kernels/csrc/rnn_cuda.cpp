@@ -45,6 +45,7 @@ struct OnDeviceOf<F> {
   static R call(const at::Tensor& x, Args... args) {
     c10::cuda::OptionalCUDAGuard guard;
     if (x.is_cuda()) guard.set_device(x.device());  // else the driver's own check names x
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // as the CPU kernels' (rnn_cpu.cpp: Flushed)
     return F(x, std::forward<Args>(args)...);
   }
 };

@@ -79,10 +79,14 @@ class WeightPacks {
   // TensorImpls, are compared: the backward of a checkpointed chunk sees new detached
   // views of the saved weights, which share storage and version counter.
   // `kind` tells apart the layouts one view is packed into (oneDNN's, panels).
+  // The version is base's, the weight as the kernel was given it: w is often a view made
+  // inside the kernels, whose ATen calls run below autograd's view tracking (rnn_cpu.cpp:
+  // Flushed), so that it has a version counter of its own, which an in-place change of
+  // the weight does not bump.
   template <class Pack>
-  at::Tensor get(const at::Tensor& w, int kind, Pack pack) {
+  at::Tensor get(const at::Tensor& w, const at::Tensor& base, int kind, Pack pack) {
     std::lock_guard<std::mutex> lock(m_);
-    const int64_t version = w._version();
+    const int64_t version = base._version();
     for (const Entry& e : entries_) {
       if (e.kind == kind && e.version == version && same_view(e.source, w)) return e.packed;
     }
@@ -132,9 +136,10 @@ class DnnlGemm {
   // w (out, in) -> a packed copy for X W^T with about `rows` rows of X, or w itself if
   // packing fails (the plain weight works with linear() too, or with at::mm).
   // Inside an active WeightPacks store, a weight packed before is not packed again.
-  static at::Tensor pack(const at::Tensor& w, int64_t rows) {
+  // base: the weight w is a view of, as the kernel was given it (WeightPacks::get).
+  static at::Tensor pack(const at::Tensor& w, int64_t rows, const at::Tensor& base) {
     if (WeightPacks* store = WeightPacks::current()) {
-      return store->get(w, kKind, [rows](const at::Tensor& v) { return pack_now(v, rows); });
+      return store->get(w, base, kKind, [rows](const at::Tensor& v) { return pack_now(v, rows); });
     }
     return pack_now(w, rows);
   }
@@ -230,18 +235,19 @@ inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack 
     const bool plain = w.size(0) >= kDnnlMinDim && w.size(1) >= kDnnlMinDim &&
                        dnnl_plain_weight_fast(w.size(0), w.size(1));
     if (packed || plain) {
-      at::Tensor y = DnnlGemm::linear(x, packed ? DnnlGemm::pack(w, x.size(0)) : w);
+      at::Tensor y = DnnlGemm::linear(x, packed ? DnnlGemm::pack(w, x.size(0), w) : w);
       if (y.defined()) return y;
     }
   }
   return at::mm(x, w.t());
 }
 
-// M (K, N) copied into panels (rnn_panels.h), once per pass inside an active WeightPacks store.
-inline at::Tensor panels_of(const at::Tensor& m) {
+// M (K, N) copied into panels (rnn_panels.h), once per pass inside an active WeightPacks
+// store; base: the weight M is a view of, as the kernel was given it (WeightPacks::get).
+inline at::Tensor panels_of(const at::Tensor& m, const at::Tensor& base) {
   constexpr int kPanelKind = 1;  // WeightPacks kind (oneDNN's is DnnlGemm::kKind)
   WeightPacks* store = WeightPacks::current();
-  return store ? store->get(m, kPanelKind, [](const at::Tensor& v) { return PanelGemm::pack(v); })
+  return store ? store->get(m, base, kPanelKind, [](const at::Tensor& v) { return PanelGemm::pack(v); })
                : PanelGemm::pack(m);
 }
 
@@ -263,7 +269,7 @@ inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
   at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
   if (MklPath::generic() && PanelGemm::enabled() && PanelGemm::supports(x) && x.stride(1) == 1 &&
       x.size(1) <= kPanelMaxDepth && worth_packing(x.size(0), 64)) {
-    PanelGemm::run(x, panels_of(w.t()), w.size(0), y);
+    PanelGemm::run(x, panels_of(w.t(), w), w.size(0), y);
     return y;
   }
   return at::mm_out(y, x, w.t());
@@ -286,11 +292,11 @@ inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
 // The input gradient dG (M, K) @ w (K, I) for a dG block with unit column stride: panels
 // where K is small enough and M large enough to pay for copying w (a pass over w against
 // M of them), else oneDNN (contiguous dG, fast sizes) or at::mm.
-inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w) {
+inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w, const at::Tensor& base) {
   if (PanelGemm::enabled() && PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth && dG.stride(1) == 1 &&
       worth_packing(dG.size(0), 64)) {
     at::Tensor y = at::empty({dG.size(0), w.size(1)}, dG.options());
-    PanelGemm::run(dG, panels_of(w), w.size(1), y);
+    PanelGemm::run(dG, panels_of(w, base), w.size(1), y);
     return y;
   }
   return dG.is_contiguous() ? proj_gemm(dG, w.t(), /*pack=*/false) : at::mm(dG, w);
@@ -335,8 +341,8 @@ class StepGemm {
   // size dnnl_min_h, else ATen; packing only where T steps pay for it (or a store is active).
   static StepGemm prepare(const at::Tensor& w_hh, const at::Tensor& m, int64_t dnnl_min_h, int64_t B, int64_t T) {
     if (!worth_packing(T, kDnnlPackMinSteps)) return {Kind::kAten, m, m};
-    if (PanelGemm::usable(w_hh, B) && PanelGemm::suits(m)) return {Kind::kPanels, m, panels_of(m)};
-    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B)};
+    if (PanelGemm::usable(w_hh, B) && PanelGemm::suits(m)) return {Kind::kPanels, m, panels_of(m, w_hh)};
+    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B, w_hh)};
     return {Kind::kAten, m, m};
   }
 

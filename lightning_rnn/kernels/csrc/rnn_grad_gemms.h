@@ -136,7 +136,7 @@ class GradGemms {
         if (!first) {
           rows.addmm_(dGb, w);
         } else if (PanelGemm::enabled() && PanelGemm::supports(dGb) && g.width <= kPanelMaxDepth) {
-          PanelGemm::run(dGb, panels_of(w), w.size(1), rows);
+          PanelGemm::run(dGb, panels_of(w, w_ih_), w.size(1), rows);
         } else {
           at::mm_out(rows, dGb, w);
         }
@@ -172,7 +172,7 @@ class GradGemms {
           if (dx.defined()) {
             dx.addmm_(dGb, w);
           } else {
-            dx = input_grad_gemm(dGb, w);
+            dx = input_grad_gemm(dGb, w, w_ih_);
           }
         }
         if (want_dw_ih_) {
