@@ -81,8 +81,9 @@ struct Flushed<F> {
 // unvectorized (hidden-64 layers ~1.4x slower).
 #define RNN_HD_LAMBDA __attribute__((always_inline))
 
-// Rows per parallel chunk: enough elements (4K; an LSTM forward element costs ~16 cycles)
-// that a thread hand-off pays off. Against 16K before, 2 threads, Xeon, forward + backward
+// Rows per parallel chunk: enough elements (4K; an LSTM forward element took ~16 cycles in
+// a step when this was measured, before the cheaper exp of rnn_math.h) that a thread
+// hand-off pays off. Against 16K before, 2 threads, Xeon, forward + backward
 // / torch.nn.LSTM interleaved: batch 50 hidden 64 1.25 -> 1.15 (inference 1.15 -> 0.99),
 // batch 32 hidden 64 1.19 -> 1.12, batch 16 hidden 128 1.14 -> 1.10; GRU batch 50 hidden
 // 64 0.41 -> 0.39; 1 thread unchanged (2K: within 0.01 of 4K).
