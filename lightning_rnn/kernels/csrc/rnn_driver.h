@@ -192,6 +192,8 @@ std::vector<at::Tensor> rnn_forward(const at::Tensor& x, const at::Tensor& batch
       at::Tensor hw_step;  // holds oneDNN's fresh result while the pointwise pass reads it
       if (hw_in_pre) {
         pre.narrow(0, off, n).addmm_(h_c.narrow(0, 0, n), step_gemm.plain());
+      } else if (step_gemm.run_rows(ptr<S>(h_c), z.P, n, ptr<S>(hw), G * H)) {
+        hw_step = hw;
       } else {
         hw_step = step_gemm.run(h_c.narrow(0, 0, n), hw.narrow(0, 0, n));
       }
@@ -362,12 +364,11 @@ std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& ga
                          ptr<S>(zeros), m_in, ptr<A>(dh), ptr<A>(dc), ptr<S>(dG) + off * 4 * H, ptr<A>(db_rows),
                          h_next, m_next, ptr<S>(tail_c), n, H};
       Dev::template backward_step<Cell, S, A>(step);
-      const at::Tensor dG_h = dG.narrow(0, off, n).narrow(1, 0, HG);
       if (dh_direct) {
-        dh.narrow(0, 0, n).addmm_(dG_h, step_gemm.plain());
-      } else {
+        dh.narrow(0, 0, n).addmm_(dG.narrow(0, off, n).narrow(1, 0, HG), step_gemm.plain());
+      } else if (!step_gemm.run_rows(ptr<S>(dG) + off * 4 * H, 4 * H, n, ptr<S>(dh_in), P)) {
         at::Tensor dh_in_n = dh_in.narrow(0, 0, n);
-        const at::Tensor y = step_gemm.run(dG_h, dh_in_n);
+        const at::Tensor y = step_gemm.run(dG.narrow(0, off, n).narrow(1, 0, HG), dh_in_n);
         if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);  // oneDNN's fresh (n x P) result
       }
       m_in = n;
@@ -412,7 +413,9 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
   at::Tensor pre = proj_gemm_pooled(x, w_ih);
   at::Tensor h = at::zeros({s.B, H}, opt), hw = at::empty({s.B, G * H}, opt);
   const StepGemm forward_step = StepGemm::forward(w_hh, s.B, s.T);
+  const bool f32 = x.scalar_type() == at::kFloat;  // the layers' per-step calls (rnn_backward)
   for (int64_t t = 0; t < s.T; ++t) {
+    if (f32 && forward_step.run_rows(ptr<float>(h), H, s.sizes[t], ptr<float>(hw), G * H)) continue;
     forward_step.run(h.narrow(0, 0, s.sizes[t]), hw.narrow(0, 0, s.sizes[t]));
   }
   at::Tensor dG = at::zeros({s.N, 4 * H}, opt), dh = at::empty({s.B, H}, opt), hp = at::zeros({s.N, H}, opt);
@@ -423,8 +426,11 @@ void gemm_bound(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Te
                                                                    x.scalar_type() == at::kDouble),
                                           s.N, 4 * H * dG.element_size()));
   for (int64_t t = s.T - 1; t >= 0; --t) {
-    backward_step.run(dG.narrow(0, s.offsets[t], s.sizes[t]).narrow(1, 0, HG), dh.narrow(0, 0, s.sizes[t]));
-    grad_gemms.rows_done(s.offsets[t], s.sizes[t]);
+    const int64_t n = s.sizes[t], off = s.offsets[t];
+    if (!(f32 && backward_step.run_rows(ptr<float>(dG) + off * 4 * H, 4 * H, n, ptr<float>(dh), H))) {
+      backward_step.run(dG.narrow(0, off, n).narrow(1, 0, HG), dh.narrow(0, 0, n));
+    }
+    grad_gemms.rows_done(off, n);
   }
   grad_gemms.finish();
 }

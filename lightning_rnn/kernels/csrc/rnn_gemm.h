@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "rnn_blas.h"
@@ -322,6 +323,21 @@ class StepGemm {
 
   Kind kind() const { return kind_; }
   const at::Tensor& plain() const { return plain_; }  // M (K, N) as a view
+
+  // y (n, N) = a (n, K) M on panels for rows given by pointer (row strides lda, ldy):
+  // the loops' per-step calls, without the two or three tensor views per step that run()
+  // takes (each a dispatcher call that allocates a TensorImpl: ~300 per forward +
+  // backward of T 50). Returns false, doing nothing, where M is not in panels (then run()).
+  template <typename S>
+  bool run_rows(const S* a, int64_t lda, int64_t n, S* y, int64_t ldy) const {
+    if constexpr (std::is_same_v<S, float>) {
+      if (kind_ != Kind::kPanels) return false;
+      PanelGemm::run_rows(a, lda, n, prepared_, plain_.size(1), y, ldy);
+      return true;
+    } else {
+      return false;
+    }
+  }
 
   // y = a M: written into `out` (n, N), except by oneDNN, which returns a fresh tensor.
   at::Tensor run(const at::Tensor& a, at::Tensor out) const {

@@ -155,13 +155,21 @@ class PanelGemm {
 
   // y (n, N) = a (n, K) @ M for M = panels of pack(); a and y: unit column stride.
   static void run(const at::Tensor& a, const at::Tensor& panels, int64_t N, at::Tensor& y) {
-    const int64_t n = a.size(0), K = panels.size(1), P = panels.size(0);
-    TORCH_CHECK(a.size(1) == K && a.stride(1) == 1 && y.size(0) == n && y.size(1) == N && y.stride(1) == 1,
+    const int64_t n = a.size(0);
+    TORCH_CHECK(a.size(1) == panels.size(1) && a.stride(1) == 1 && y.size(0) == n && y.size(1) == N &&
+                    y.stride(1) == 1,
                 "PanelGemm: shapes a ", a.sizes(), " y ", y.sizes(), " vs panels ", panels.sizes());
-    const float* A = a.data_ptr<float>();
+    run_rows(a.data_ptr<float>(), a.stride(0), n, panels, N, y.data_ptr<float>(), y.stride(0));
+  }
+
+  // The same on rows given by pointer: a (n, K) with row stride lda, y (n, N) with row
+  // stride ldy, K = panels.size(1). The per-step GEMMs call this with rows of the
+  // driver's buffers, which as tensors would be views made afresh each step (rnn_gemm.h:
+  // StepGemm::run_rows).
+  static void run_rows(const float* A, int64_t lda, int64_t n, const at::Tensor& panels, int64_t N, float* Y,
+                       int64_t ldy) {
+    const int64_t K = panels.size(1), P = panels.size(0);
     const float* M = panels.data_ptr<float>();
-    float* Y = y.data_ptr<float>();
-    const int64_t lda = a.stride(0), ldy = y.stride(0);
     // hand panels to threads in groups of at least ~64K multiply-adds (K x 16 x n per panel)
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * kWidth * n));
     at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
