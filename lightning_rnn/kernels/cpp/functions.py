@@ -94,20 +94,50 @@ def _run_forward(get_ext, cell: str, p: Precision, x, batch_sizes, h0, c0, w_ih,
         return run(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse), p.compute, p.state)
 
 
-def _needs_function(*tensors) -> bool:
-    """Whether a call must run through the autograd.Function: grad mode is on and a tensor
-    requires grad, or forward-mode AD is active (the Function refuses its dual tensors with
-    a clear error, where a bare call would drop their tangents)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return True
-    return getattr(forward_ad, "_current_level", 0) >= 0
+_BARE, _NODE, _FUNCTION = range(3)
+
+
+def _graph(*tensors) -> int:
+    """How a call records its gradient: ``_BARE`` where nothing needs one (grad mode off or
+    no tensor requiring grad); ``_NODE``, the extension's C++ autograd node
+    (csrc/rnn_autograd.h), in a plain forward; the Python autograd.Function where it
+    does what the node does not: inside a GradSink (gradient checkpointing sums the
+    weight gradients in Python) and under forward-mode AD (the Function refuses dual
+    tensors with a clear error, where a bare call would drop their tangents)."""
+    if getattr(forward_ad, "_current_level", 0) >= 0:
+        return _FUNCTION
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
+        return _BARE
+    return _FUNCTION if GradSink.current() is not None else _NODE
+
+
+def graph_backward(cell: str, inputs: tuple, needs: list, grads: list, x_is_input: bool) -> list:
+    """A create_graph backward of the C++ node (csrc/rnn_autograd.h), which calls this:
+    inputs in the node's order ``(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+    reverse)`` (c0 and w_hr None for the GRU), needs one flag per tensor input up to w_hr;
+    returns one gradient (or None) per input up to w_hr, by :func:`differentiable.backward`."""
+    x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse = inputs
+    n_x, _, n_h0, n_c0, n_ih, n_hh, n_bih, n_bhh, n_hr = needs
+    if cell == "lstm":
+        order = (x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+        flags = (n_x, False, n_h0, n_c0, n_ih, n_hh, n_bih, n_bhh, False, n_hr)
+        dx, _, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, _, dw_hr = differentiable.backward(
+            cell, order, flags, grads, x_is_input
+        )
+    else:
+        order = (x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+        flags = (n_x, False, n_h0, n_ih, n_hh, n_bih, n_bhh, False)
+        dx, _, dh0, dw_ih, dw_hh, db_ih, db_hh, _ = differentiable.backward(cell, order, flags, grads, x_is_input)
+        dc0 = dw_hr = None
+    return [dx, None, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, dw_hr]
 
 
 def make_functions(get_ext: Callable[[], ModuleType]):
     """Returns ``(LSTMFunction, GRUFunction, lstm, gru)`` running the extension ``get_ext()`` loads.
 
-    ``lstm``/``gru`` run the extension directly, without an autograd node, where nothing
-    needs a gradient (inference, ``no_grad``, frozen layers): the node, its saved tensors
+    ``lstm``/``gru`` record a plain forward with the extension's C++ autograd node (see
+    :func:`_graph`), and run the extension directly, without any node, where nothing
+    needs a gradient (inference, ``no_grad``, frozen layers): a node, its saved tensors
     and the autocast context cost more than the kernel itself in a one-step call
     (token-by-token generation).
     """
@@ -119,7 +149,12 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         if (p.compute, p.state) not in _SUPPORTED:
             return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
         x = compute_input(x, w_ih, p)
-        if _needs_function(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        graph = _graph(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+        if graph == _NODE:
+            out = get_ext().lstm_apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse),
+                                       p.compute, p.state)
+            return tuple(out)
+        if graph == _FUNCTION:
             return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
         return _run_forward(get_ext, "lstm", p, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)[:3]
 
@@ -128,7 +163,12 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         if (p.compute, p.state) not in _SUPPORTED:
             return reference.gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
         x = compute_input(x, w_ih, p)
-        if _needs_function(x, h0, w_ih, w_hh, b_ih, b_hh):
+        graph = _graph(x, h0, w_ih, w_hh, b_ih, b_hh)
+        if graph == _NODE:
+            out = get_ext().gru_apply(x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, None, bool(reverse),
+                                      p.compute, p.state)
+            return tuple(out)
+        if graph == _FUNCTION:
             return GRUFunction.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
         return _run_forward(get_ext, "gru", p, x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, None, reverse)[:2]
 

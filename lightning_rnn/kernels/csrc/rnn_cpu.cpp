@@ -15,6 +15,7 @@
 #define LRNN_HAS_FPCR 1
 #endif
 
+#include "rnn_autograd.h"
 #include "rnn_driver.h"
 
 namespace lrnn {
@@ -74,6 +75,12 @@ struct Flushed<F> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // see the comment above
     return F(std::forward<Args>(args)...);
   }
+};
+
+// What the autograd node's calls run under (rnn_autograd.h), as Flushed's.
+struct CpuScope {
+  explicit CpuScope(const at::Tensor&) {}
+  FlushDenormals flushed;
 };
 
 // For the per-element lambdas handed to CpuDev::for_rows: without it GCC did not inline
@@ -160,6 +167,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_backward", &Flushed<&rnn_backward<LstmCell, CpuDev>>::call, "LSTM backward of one layer-direction", nogil);
   m.def("gru_forward", &Flushed<&rnn_forward<GruCell, CpuDev>>::call, "GRU forward of one layer-direction", nogil);
   m.def("gru_backward", &Flushed<&rnn_backward<GruCell, CpuDev>>::call, "GRU backward of one layer-direction", nogil);
+  m.def("lstm_apply", &CellNode<LstmCell, CpuDev, CpuScope>::run,
+        "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("gru_apply", &CellNode<GruCell, CpuDev, CpuScope>::run,
+        "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
   // the bound's ATen calls dispatched as the layers' are (Flushed)
   m.def("lstm_gemm_bound", &Flushed<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);

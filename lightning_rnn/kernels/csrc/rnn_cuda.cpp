@@ -8,6 +8,7 @@
 
 #include <utility>
 
+#include "rnn_autograd.h"
 #include "rnn_cuda_dev.h"
 #include "rnn_driver.h"
 
@@ -50,6 +51,14 @@ struct OnDeviceOf<F> {
   }
 };
 
+// What the autograd node's calls run under (rnn_autograd.h): x's GPU, as OnDeviceOf.
+struct CudaScope {
+  explicit CudaScope(const at::Tensor& x) {
+    if (x.is_cuda()) guard.set_device(x.device());
+  }
+  c10::cuda::OptionalCUDAGuard guard;
+};
+
 }  // namespace lrnn
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -61,6 +70,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil);
   m.def("gru_forward", &OnDeviceOf<&rnn_forward<GruCell, CudaDev>>::call, "GRU forward of one layer-direction", nogil);
   m.def("gru_backward", &OnDeviceOf<&rnn_backward<GruCell, CudaDev>>::call, "GRU backward of one layer-direction", nogil);
+  m.def("lstm_apply", &CellNode<LstmCell, CudaDev, CudaScope>::run,
+        "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("gru_apply", &CellNode<GruCell, CudaDev, CudaScope>::run,
+        "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
   m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);
   m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)",

@@ -1,0 +1,146 @@
+// One direction of one layer as a C++ autograd node: the driver's forward and backward
+// (rnn_driver.h) recorded by autograd without a Python autograd.Function.
+//
+// The Python Function (kernels/cpp/functions.py) cost ~0.4 ms of a 5 ms LSTM forward +
+// backward at batch 50, hidden 64, T 50 (Xeon, 1 thread; its apply, ctx, save and its
+// Python backward, run with the caches the kernels leave); this node is what the
+// functions.py wrappers call in the common case, a plain forward + backward. The
+// Python Function stays for what it does in Python: a backward inside gradient
+// checkpointing's GradSink and forward-mode AD (refused there with a clear error).
+// A backward with create_graph=True calls back into Python (functions.py:
+// graph_backward), which differentiates a graph of torch ops, as the Function does.
+//
+// Inputs (apply): x (N, I) already in the compute dtype, batch_sizes, h0, c0 (LSTM),
+// w_ih, w_hh, b_ih, b_hh, w_hr (the LSTM's projection), reverse, compute and state
+// dtypes; returns (out, h_n, c_n) for the LSTM, (out, h_n) for the GRU. Saved: x, the
+// gates, h0, c0 and the weights, as the Function saves them.
+#pragma once
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/extension.h>
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "rnn_driver.h"
+
+namespace lrnn {
+
+// The Python gradients of a create_graph backward: functions.graph_backward(cell, inputs,
+// needs, grads, x_is_input) with inputs in this node's order (x, batch_sizes, h0, c0,
+// w_ih, w_hh, b_ih, b_hh, w_hr, reverse) and one gradient (or None) back per input.
+inline std::vector<at::Tensor> python_graph_backward(const char* cell, const std::vector<at::Tensor>& saved,
+                                                     const at::Tensor& batch_sizes, bool reverse,
+                                                     const std::vector<bool>& needs,
+                                                     const std::vector<at::Tensor>& grads, bool x_is_input) {
+  py::gil_scoped_acquire gil;
+  const auto optional = [](const at::Tensor& t) { return t.defined() ? py::cast(t) : py::none(); };
+  // saved: x, gates, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr
+  py::tuple inputs = py::make_tuple(saved[0], batch_sizes, saved[2], optional(saved[3]), saved[4], saved[5],
+                                    optional(saved[6]), optional(saved[7]), optional(saved[8]), reverse);
+  py::object fn = py::module_::import("lightning_rnn.kernels.cpp.functions").attr("graph_backward");
+  py::object out = fn(cell, inputs, needs, grads, x_is_input);
+  std::vector<at::Tensor> result;
+  for (const py::handle g : out) result.push_back(g.is_none() ? at::Tensor() : g.cast<at::Tensor>());
+  return result;
+}
+
+// Guard: what the entry points run under (the CPU's flushed denormals, the GPU's device),
+// constructed from x; the ATen calls inside always dispatch below autograd and autocast.
+template <class Cell, class Dev, class Guard>
+struct CellNode : public torch::autograd::Function<CellNode<Cell, Dev, Guard>> {
+  using variable_list = torch::autograd::variable_list;
+  using Ctx = torch::autograd::AutogradContext;
+  static constexpr bool kLstm = Cell::kProjGates == 4;
+  // positions of apply's arguments (and of backward's gradients)
+  enum Arg { kX, kBatchSizes, kH0, kC0, kWih, kWhh, kBih, kBhh, kWhr, kReverse, kCompute, kState, kArgs };
+
+  struct Scope {
+    explicit Scope(const at::Tensor& x) : guard(x) {}
+    Guard guard;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};  // GEMMs cast by hand
+  };
+
+  static variable_list forward(Ctx* ctx, const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& h0,
+                               const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                               const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr, bool reverse,
+                               at::ScalarType compute, at::ScalarType state) {
+    std::vector<at::Tensor> r;  // out, h_n, c_n, gates, x_c
+    {
+      Scope scope(x);
+      r = rnn_forward<Cell, Dev>(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, compute, state);
+    }
+    const auto value = [](const OptTensor& t) { return t ? *t : at::Tensor(); };
+    ctx->save_for_backward({r[4], r[3], h0, value(c0), w_ih, w_hh, value(b_ih), value(b_hh), value(w_hr)});
+    ctx->saved_data["batch_sizes"] = batch_sizes;
+    ctx->saved_data["reverse"] = reverse;
+    ctx->saved_data["state"] = state;
+    ctx->saved_data["x_is_input"] = r[4].is_same(x);
+    if (b_ih) ctx->saved_data["bias_dtype"] = b_ih->scalar_type();
+    // which arguments are autograd inputs (edges), as Function::apply numbers them
+    int64_t edges = 0;
+    std::vector<int64_t> edge(kArgs, -1);
+    for (int a : {kX, kBatchSizes, kH0, kWih, kWhh}) edge[a] = 0;
+    if (c0) edge[kC0] = 0;
+    if (b_ih) edge[kBih] = edge[kBhh] = 0;
+    if (w_hr) edge[kWhr] = 0;
+    for (auto& e : edge) e = e < 0 ? -1 : edges++;
+    ctx->saved_data["edge"] = edge;
+    if (kLstm) return {r[0], r[1], r[2]};
+    return {r[0], r[1]};
+  }
+
+  static variable_list backward(Ctx* ctx, variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const std::vector<int64_t> edge = ctx->saved_data["edge"].toIntVector();
+    const auto needs = [&](Arg a) { return edge[a] >= 0 && ctx->needs_input_grad(edge[a]); };
+    const at::Tensor batch_sizes = ctx->saved_data["batch_sizes"].toTensor();
+    const bool reverse = ctx->saved_data["reverse"].toBool();
+    variable_list out(kArgs);
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that can be differentiated again
+      std::vector<bool> need;
+      for (int a = 0; a < kReverse; ++a) need.push_back(needs(static_cast<Arg>(a)));
+      const auto g = python_graph_backward(kLstm ? "lstm" : "gru", saved, batch_sizes, reverse, need, grads,
+                                           ctx->saved_data["x_is_input"].toBool());
+      for (int a = 0; a < kReverse; ++a) out[a] = g[a];
+      return out;
+    }
+    const at::Tensor &x_c = saved[0], &gates = saved[1], &h0 = saved[2], &w_ih = saved[4], &w_hh = saved[5];
+    const OptTensor c0 = saved[3].defined() ? OptTensor(saved[3]) : c10::nullopt;
+    const OptTensor w_hr = saved[8].defined() ? OptTensor(saved[8]) : c10::nullopt;
+    const OptTensor d_cn = kLstm ? OptTensor(grads[2]) : c10::nullopt;
+    const auto bias_dtype = ctx->saved_data.count("bias_dtype")
+                                ? c10::optional<at::ScalarType>(ctx->saved_data["bias_dtype"].toScalarType())
+                                : c10::nullopt;
+    // (x, h0, c0, w_ih, w_hh, bias, w_hr), as rnn_backward takes them
+    std::vector<bool> want{needs(kX),   needs(kH0),  needs(kC0),           needs(kWih),
+                           needs(kWhh), needs(kBih) || needs(kBhh), needs(kWhr)};
+    std::vector<at::Tensor> g;  // dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, dw_hr
+    {
+      Scope scope(x_c);
+      g = rnn_backward<Cell, Dev>(x_c, gates, h0, c0, w_ih, w_hh, w_hr, grads[0], grads[1], d_cn, batch_sizes,
+                                  reverse, want, ctx->saved_data["state"].toScalarType(), bias_dtype, c10::nullopt,
+                                  c10::nullopt);
+    }
+    out[kX] = g[0];
+    out[kH0] = g[1];
+    if (c0) out[kC0] = g[2];
+    out[kWih] = g[3];
+    out[kWhh] = g[4];
+    if (bias_dtype) out[kBih] = g[5], out[kBhh] = g[6];
+    if (w_hr) out[kWhr] = g[7];
+    return out;
+  }
+
+  // The Python entry point: (out, h_n[, c_n]) connected to this node.
+  static std::vector<at::Tensor> run(const at::Tensor& x, const at::Tensor& batch_sizes, const at::Tensor& h0,
+                                     const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                     const OptTensor& b_ih, const OptTensor& b_hh, const OptTensor& w_hr,
+                                     bool reverse, at::ScalarType compute, at::ScalarType state) {
+    return CellNode::apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, compute, state);
+  }
+};
+
+}  // namespace lrnn

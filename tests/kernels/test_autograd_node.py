@@ -1,0 +1,163 @@
+"""The compiled backends' C++ autograd node (csrc/rnn_autograd.h): which calls record it,
+and what autograd expects of any node (gradcheck, saved-tensor hooks, versions, retained
+graphs), against the Python Function it stands in for."""
+import pytest
+import torch
+
+from kernel_cases import COMPILED, kernels_for, make_args, run_and_grad
+from lightning_rnn import FusedGRU, FusedLSTM
+from lightning_rnn.kernels.grad_sink import GradSink
+
+CELLS = [("lstm", None), ("lstm", 2), ("gru", None)]
+CELL_IDS = ["lstm", "lstm_proj", "gru"]
+
+
+def _call(kernels, cell):
+    return kernels.lstm if cell == "lstm" else kernels.gru
+
+
+def _function(kernels, cell):
+    return kernels.LSTMFunction if cell == "lstm" else kernels.GRUFunction
+
+
+def _is_node(grad_fn) -> bool:
+    return grad_fn is not None and "CellNode" in grad_fn.name()
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
+def test_a_plain_forward_records_the_node_with_the_function_s_results(cell, P, backend, device):
+    """Outputs and every gradient of the node equal the Python Function's, bit for bit."""
+    kernels = kernels_for(backend)
+    args = make_args(cell, [4, 3, 3, 1], H=5, P=P, reverse=True, dtype=torch.float32, device=device)
+    outs = _call(kernels, cell)(*args)
+    assert all(_is_node(o.grad_fn) for o in outs)
+    got = run_and_grad(_call(kernels, cell), args)
+    want = run_and_grad(_function(kernels, cell).apply, args)
+    for g, w in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        assert (g is None) == (w is None)
+        assert g is None or torch.equal(g, w)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_inside_a_grad_sink_the_python_function_records_the_call(cell, backend, device):
+    """Gradient checkpointing sums weight gradients in a GradSink, which the Python Function's
+    backward consults: calls made while one is active keep that Function."""
+    kernels = kernels_for(backend)
+    args = make_args(cell, [3, 3], device=device)
+    with GradSink():
+        out = _call(kernels, cell)(*args)[0]
+    assert type(out.grad_fn).__name__ == f"{cell.upper()}FunctionBackward"
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("schedule", [[3, 3, 3], [3, 2, 2, 1]], ids=["full", "packed"])
+@pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
+def test_gradcheck(cell, P, schedule, backend, device):
+    args = make_args(cell, schedule, I=2, H=3, P=P, reverse=True, device=device)
+    assert _is_node(_call(kernels_for(backend), cell)(*args)[0].grad_fn)
+    assert torch.autograd.gradcheck(_call(kernels_for(backend), cell), args)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_saved_tensor_hooks_see_what_the_node_saves(backend, device):
+    """pack/unpack hooks (offloading, the memory benchmark's meter) get every tensor the
+    node saves: x, the (N, 4H) gates, h0, c0, w_ih, w_hh, b_ih and b_hh."""
+    kernels = kernels_for(backend)
+    args = make_args("lstm", [3, 3, 2], H=5, device=device)
+    packed, unpacked = [], []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    def unpack(t):
+        unpacked.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = kernels.lstm(*args)[0]
+    assert _is_node(out.grad_fn)
+    assert sorted(packed) == sorted([(8, 3), (8, 20), (3, 5), (3, 5), (20, 3), (20, 5), (20,), (20,)])
+    out.sum().backward()
+    assert sorted(unpacked) == sorted(packed)
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_a_weight_changed_in_place_before_backward_is_an_error(backend, device):
+    kernels = kernels_for(backend)
+    x, bs, h0, c0, w_ih, w_hh, *rest = make_args("lstm", [3, 3], device=device)
+    w = w_hh.detach().clone().requires_grad_()
+    out = kernels.lstm(x, bs, h0, c0, w_ih, w, *rest)[0]
+    with torch.no_grad():
+        w.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+def test_a_second_backward_needs_retain_graph(backend, device):
+    """With retain_graph the node runs backward twice (gradients summed: twice the first);
+    without it, the second backward is torch's error, not a crash."""
+    kernels = kernels_for(backend)
+    args = make_args("gru", [3, 2], device=device)
+    out = kernels.gru(*args)[0]
+    out.sum().backward(retain_graph=True)
+    first = args[0].grad.clone()
+    out.sum().backward()
+    torch.testing.assert_close(args[0].grad, 2 * first, rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_under_autocast_the_node_matches_the_function(cell, backend, device):
+    """bf16 autocast: the node computes in the dtypes the Function does (bf16 GEMMs and
+    outputs, fp32 states and weight gradients), with the same values."""
+    kernels = kernels_for(backend)
+    args = make_args(cell, [3, 3, 2], H=5, dtype=torch.float32, device=device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        outs = _call(kernels, cell)(*args)
+        assert _is_node(outs[0].grad_fn) and outs[0].dtype == torch.bfloat16
+        got = run_and_grad(_call(kernels, cell), args)
+        x = args[0].to(torch.bfloat16)  # what the backends' lstm()/gru() hand the Function
+        want_outs, want_grads = run_and_grad(lambda *a: _function(kernels, cell).apply(x, *a[1:]), args)
+    for g, w in zip(got[0] + got[1], want_outs + want_grads, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
+def test_layers_train_through_the_node(layer):
+    """A FusedLSTM/FusedGRU forward on the cpp backend: one node per layer-direction."""
+    module = layer(3, 4, num_layers=2, bidirectional=True, backend="cpp").double()
+    out, _ = module(torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True))
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        todo.extend(f for f, _ in fn.next_functions)
+    assert sum(_is_node(fn) for fn in seen) == 4
+
+
+@pytest.mark.parametrize("backend,device", COMPILED)
+@pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
+def test_create_graph_gradients_equal_the_plain_ones_and_carry_a_graph(cell, P, backend, device):
+    """A create_graph backward of the node calls back into Python (functions.graph_backward),
+    which returns each input's gradient in the node's order: the values of the plain
+    backward's, differentiable (gradgradcheck in test_second_order.py checks the second
+    derivatives of these, not their order)."""
+    kernels = kernels_for(backend)
+    args = make_args(cell, [3, 3, 2], H=4, P=P, reverse=True, device=device)
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    outs = _call(kernels, cell)(*args)
+    assert _is_node(outs[0].grad_fn)
+    loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view_as(o)).sum() for o in outs)
+    plain = torch.autograd.grad(loss, leaves, retain_graph=True)
+    graph = torch.autograd.grad(loss, leaves, create_graph=True)
+    for p, g in zip(plain, graph, strict=True):
+        assert g.requires_grad
+        torch.testing.assert_close(g, p, rtol=1e-10, atol=1e-10)
