@@ -201,14 +201,14 @@ def test_forward_mode_ad_is_refused_under_no_grad(backend, device):
 def test_float32_fast_paths_close_to_reference(cell, reverse, schedule, I, H, panels, grad_chunks):
     """float32, T >= 8: the CPU backend's per-step GEMMs run on W_hh copied into panels
     (csrc/rnn_panels.h) for steps of up to 64 rows (every schedule but "wide": register
-    tiles of each height 1-6 among them; H 20 also a partial panel), and for wider steps in oneDNN (forward from
+    tiles of each height 1-6 among them; H 20 also a partial panel; the backward's 4H-deep
+    GEMM in 2-4 blocks of 256 at H 128-256), and for wider steps in oneDNN (forward from
     H 192, backward from H 1024) or at::mm. The projection runs in oneDNN with W_ih packed
-    from H 128 (at H 20 in at::mm), the backward's dx on panels of W_ih up to 1024 dG
-    columns (H 20-256; the GRU's first block too) and in oneDNN or at::mm beyond, the
-    weight-gradient GEMMs in oneDNN only at powers of two with >= 512 rows. Against the
-    float64 reference on the same values, the error must be of the order of the float32
-    reference's own. With panels on and off (they are off by default on CPUs with AVX-512:
-    the steps then run in oneDNN or at::mm), and with the backward's dx / dW GEMMs as one
+    from H 128 (at H 20 in at::mm), the backward's dx in at::mm or oneDNN (on panels of
+    W_ih where MKL runs its generic kernels: test_mkl_path.py), the weight-gradient GEMMs
+    in oneDNN only at powers of two with >= 512 rows. Against the float64 reference on the
+    same values, the error must be of the order of the float32 reference's own. With
+    panels on and off (off, the steps run in oneDNN or at::mm), and with the backward's dx / dW GEMMs as one
     thread chooses them (in chunks of rows inside the loop where dG is over 1 MiB: the two
     schedules with the most rows from H 128, all but the smallest two at H 1024) or all
     after the loop (csrc/rnn_grad_gemms.h)."""

@@ -97,9 +97,9 @@ def test_chunks_add_into_the_given_weight_gradient_sums(cell, chunk_rows):
 def test_float32_chunks_close_to_reference(cell, reverse, I, H, panels, chunk_rows):
     """float32 with chunks chosen by one thread (-1: dG of 1120 rows is over 1 MiB at both
     sizes: 256 rows, whole steps of 50) or forced (64 rows: two steps, one of them 30 rows):
-    a chunk's dx on panels of W_ih (up to 1024 dG columns) or in at::mm (H 320: 1280
-    columns), the weight gradients summed over the chunks. Error of the order of the
-    float32 reference's own."""
+    a chunk's dx in at::mm (chunks run where MKL runs its own kernels), the weight
+    gradients summed over the chunks; the step GEMMs on panels or not. Error of the order
+    of the float32 reference's own."""
     ext = cpp.load()
     default = ext.panels_enabled()
     ext.set_panels(panels)

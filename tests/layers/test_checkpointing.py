@@ -210,9 +210,9 @@ def _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent):
     assert len(stores) == calls
     # cleared once after forward: W_hh^T (panels) per layer, and W_ih^T's panels where x W_ih^T
     # runs on them (generic; else in at::mm); once after backward, which also packs W_hh
-    # (panels, per-step dG_h W_hh) and W_ih (panels, dG W_ih)
-    forward = 1 + generic
-    assert sorted(sizes_at_clear) == [forward * layers] * calls + [(forward + 2) * layers] * calls
+    # (panels, per-step dG_h W_hh) and, generic, W_ih (panels, dG W_ih; else at::mm)
+    forward = backward = 1 + generic
+    assert sorted(sizes_at_clear) == [forward * layers] * calls + [(forward + backward) * layers] * calls
     assert all(len(s.store) == 0 for s in stores)
     # float32 through oneDNN's packed GEMMs (checkpointed) vs MKL's at 5-step chunks: rounding only
     for a, b in zip([got[0], *got[1], *got[2]], [expected[0], *expected[1], *expected[2]], strict=True):

@@ -252,12 +252,15 @@ inline at::Tensor panels_of(const at::Tensor& m, const at::Tensor& base) {
                : PanelGemm::pack(m);
 }
 
-// Deepest GEMM (K) the panels take outside the per-step GEMMs: dG W_ih (input_grad_gemm,
-// K = dG's columns) and, where MKL runs its generic kernels, x W_ih^T (K = input size).
-// Measured, 1 thread, 2500 rows, W_ih (4H x H), ms panels / at::mm / oneDNN with the
-// unpacked weight (fast at powers of two only): H 32: 0.40 / 0.51 / 0.46, 64: 1.40 / 1.93,
-// 128: 5.98 / 8.13, 256: 22.3 / 25.4 / 22, 512 (K 2048): 92.5 / 94.9 / 86.9. Inside a
-// layer at H 128: LSTM 50.2 -> 48.8 ms, GRU 33.5 -> 32.8; at H 64 and 256 within the noise.
+// Deepest GEMM (K) the panels take outside the per-step GEMMs, where MKL runs its generic
+// kernels (rnn_blas.h): dG W_ih (input_grad_gemm, K = dG's columns) and x W_ih^T (K =
+// input size). Measured on the AMD EPYC, 1 thread, 2500 rows, W_ih (4H x H), ms panels /
+// at::mm / oneDNN with the unpacked weight (fast at powers of two only): H 32: 0.40 / 0.51
+// / 0.46, 64: 1.40 / 1.93, 128: 5.98 / 8.13, 256: 22.3 / 25.4 / 22, 512 (K 2048): 92.5 /
+// 94.9 / 86.9. Inside a layer at H 128: LSTM 50.2 -> 48.8 ms, GRU 33.5 -> 32.8; at H 64
+// and 256 within the noise. With MKL's own AVX-512 kernels (Intel Xeon) at::mm is the
+// faster: dG W_ih, 2500 rows, H 64: 0.51 / 0.59 ms (at::mm / panels), H 128: 1.91 / 2.53;
+// 250 rows (a chunk of rnn_grad_gemms.h) at H 128: 0.17-0.18 / 0.19-0.21.
 constexpr int64_t kPanelMaxDepth = 1024;
 
 // x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
@@ -290,12 +293,13 @@ inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
   return at::mm(dG.t(), x);
 }
 
-// The input gradient dG (M, K) @ w (K, I) for a dG block with unit column stride: panels
-// where K is small enough and M large enough to pay for copying w (a pass over w against
-// M of them), else oneDNN (contiguous dG, fast sizes) or at::mm.
+// The input gradient dG (M, K) @ w (K, I) for a dG block with unit column stride: where
+// MKL runs its generic kernels, panels where K is small enough and M large enough to pay
+// for copying w (a pass over w against M of them); else oneDNN (contiguous dG, fast sizes)
+// or at::mm.
 inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w, const at::Tensor& base) {
-  if (PanelGemm::enabled() && PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth && dG.stride(1) == 1 &&
-      worth_packing(dG.size(0), 64)) {
+  if (MklPath::generic() && PanelGemm::enabled() && PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth &&
+      dG.stride(1) == 1 && worth_packing(dG.size(0), 64)) {
     at::Tensor y = at::empty({dG.size(0), w.size(1)}, dG.options());
     PanelGemm::run(dG, panels_of(w, base), w.size(1), y);
     return y;

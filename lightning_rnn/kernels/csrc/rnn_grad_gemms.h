@@ -85,15 +85,7 @@ class GradGemms {
     if (sum_ih_) dw_ih = *dw_ih_into;
     if (sum_hh_) dw_hh = *dw_hh_into;
     if (chunk_rows_ == 0) return;
-    if (want_dx_) {
-      dx = at::empty({dG.size(0), x_c.size(1)}, dG.options());
-      // W_ih's rows of the first block in panels once for all chunks (packed per chunk, its
-      // copies were most of a 1x64 backward's memmove time)
-      const GradBlock& g = blocks_.front();
-      if (PanelGemm::enabled() && PanelGemm::supports(dG) && g.width <= kPanelMaxDepth) {
-        dx_panels_ = panels_of(w_ih_c.narrow(0, g.row, g.width), w_ih_c);
-      }
-    }
+    if (want_dx_) dx = at::empty({dG.size(0), x_c.size(1)}, dG.options());
     // Fresh weight gradients are written by the first chunk, not zero-filled and summed into
     // (N >= 1, as the bindings check, so a first chunk always comes).
     if (want_dw_ih_ && !sum_ih_) dw_ih = at::empty_like(w_ih_c);
@@ -141,10 +133,8 @@ class GradGemms {
       if (want_dx_) {
         at::Tensor rows = dx.narrow(0, lo_, r);
         const at::Tensor w = w_ih_.narrow(0, g.row, g.width);
-        if (!first) {
-          rows.addmm_(dGb, w);
-        } else if (dx_panels_.defined()) {
-          PanelGemm::run(dGb, dx_panels_, w.size(1), rows);
+        if (!first) {  // chunks run where MKL runs its own kernels (rows()): at::mm, not panels
+          rows.addmm_(dGb, w);  // (rnn_gemm.h: input_grad_gemm)
         } else {
           at::mm_out(rows, dGb, w);
         }
@@ -206,7 +196,6 @@ class GradGemms {
   const int64_t HG_;
   const at::Tensor x_, w_ih_;
   at::Tensor h_prev_;
-  at::Tensor dx_panels_;  // the first block's W_ih rows in panels, for chunked dx (or undefined)
   const bool want_dx_, want_dw_ih_, want_dw_hh_, sum_ih_, sum_hh_;
   const int64_t chunk_rows_;
   int64_t lo_, hi_ = 0;  // rows done and not yet multiplied
