@@ -1,6 +1,9 @@
-"""autograd.Functions over a compiled kernel extension (shared by the cpp and cuda backends).
+"""The autograd side of a compiled kernel extension (shared by the cpp and cuda backends).
 
-Same signatures, semantics and saved tensors as :mod:`lightning_rnn.kernels.reference`:
+``lstm()``/``gru()`` record a plain forward with the extension's own C++ autograd node
+(``csrc/rnn_autograd.h``); the autograd.Functions here record it where the node does not
+serve (see :func:`_graph`): inside a GradSink and under forward-mode AD. Both have the
+same signatures, semantics and saved tensors as :mod:`lightning_rnn.kernels.reference`:
 saved are the layer input in the compute dtype, the activated gates (N, 4H) in the
 compute dtype, h0, c0 and the weights (with the LSTM's projection w_hr, if any). The
 extension does all the rest: the input projection GEMM, the time loop (one GEMM + one
