@@ -110,18 +110,30 @@ def test_dataset_lengths_read_padded_items_and_name_what_is_missing():
         dataset_lengths(Stream(), "inputs")
 
 
-def test_tokens_per_second_counts_the_training_step_only():
-    """Validation between two steps is not counted (it made one value 100x lower)."""
-    import time
+def test_tokens_per_second_counts_the_training_step_only(monkeypatch):
+    """Validation between two steps is not counted (it made one value 100x lower). On a
+    clock of the test's own, a training step lasts 1 s and validation 1000 s."""
+    from types import SimpleNamespace
+
+    from lightning_rnn.callbacks import packed_sequences
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(packed_sequences, "time", SimpleNamespace(perf_counter=lambda: clock.now))
 
     class SlowValidation(TinyClassifier):
+        def training_step(self, batch, batch_idx):
+            clock.now += 1.0
+            return super().training_step(batch, batch_idx)
+
         def validation_step(self, batch, batch_idx):
-            time.sleep(0.5)
+            clock.now += 1000.0
 
     trainer, logger = make_trainer([PackedSequences()], max_steps=4, limit_val_batches=1, val_check_interval=2)
-    trainer.fit(SlowValidation(), loader(32), loader(8))
-    rates = logger.values("packed/tokens_per_sec")  # validation (0.5 s) ran between steps 2 and 3
-    assert len(rates) == 4 and rates[2] > 0.05 * max(rates[1], rates[3])  # it read ~0.01x
+    module = SlowValidation()
+    trainer.fit(module, loader(32), loader(8))
+    rates = logger.values("packed/tokens_per_sec")  # validation ran between steps 2 and 3
+    seconds = [int(seen["lengths"].sum()) / rate for seen, rate in zip(module.seen, rates, strict=True)]
+    assert len(seconds) == 4 and seconds == pytest.approx([1.0] * 4), seconds
 
 
 def test_skipped_steps_stay_cumulative_across_a_checkpoint():
