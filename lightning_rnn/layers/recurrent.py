@@ -238,6 +238,11 @@ class FusedRNNBase(nn.Module):
         D = self.num_directions
         if chunk is not None and D == 1:
             return self._run_stack_in_chunks(kernels, batch, states, weights, chunk)
+        stack = getattr(kernels, "stack", None)  # the compiled backends: the stack in one call
+        if chunk is None and stack is not None and not any(map(self._dropout_active, range(self.num_layers))):
+            result = stack(self.cell.name, batch.data, batch.batch_sizes, states, weights, self.num_layers, D)
+            if result is not None:
+                return result
         x, batch_sizes = batch.data, batch.batch_sizes
         finals = []  # each layer-direction's final states
         for layer in range(self.num_layers):

@@ -161,3 +161,49 @@ def test_create_graph_gradients_equal_the_plain_ones_and_carry_a_graph(cell, P, 
     for p, g in zip(plain, graph, strict=True):
         assert g.requires_grad
         torch.testing.assert_close(g, p, rtol=1e-10, atol=1e-10)
+
+
+def _outputs_and_grads(module, x):
+    out, states = module(x)
+    states = states if isinstance(states, tuple) else (states,)
+    loss = out.square().sum() + sum(s.sum() for s in states)
+    return [out.detach(), *(s.detach() for s in states), *torch.autograd.grad(loss, [x, *module.parameters()])]
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
+def test_a_stack_without_dropout_runs_in_one_extension_call(layer, bidirectional, monkeypatch):
+    """The cpp backend runs a whole stack in one call (stack_apply, one node per
+    layer-direction): the per-layer wrapper is not called, and outputs, states and every
+    gradient equal the per-layer path's bit for bit."""
+    from lightning_rnn.kernels import cpp
+
+    torch.manual_seed(0)
+    module = layer(3, 4, num_layers=3, bidirectional=bidirectional, backend="cpp")
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(cpp, "stack", lambda *args: None)  # the stack declines: the per-layer path
+        want = _outputs_and_grads(module, x)
+
+    def refused(*args):
+        raise AssertionError("the per-layer wrapper ran")
+
+    monkeypatch.setattr(cpp, "lstm" if layer is FusedLSTM else "gru", refused)
+    got = _outputs_and_grads(module, x)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_a_stack_with_dropout_in_training_runs_layer_by_layer(monkeypatch):
+    """Inter-layer dropout (training) is drawn between the layers in Python: no stack call."""
+    from lightning_rnn.kernels import cpp
+
+    def refused(*args):
+        raise AssertionError("the stack ran with dropout active")
+
+    module = FusedLSTM(3, 4, num_layers=2, dropout=0.5, backend="cpp")
+    monkeypatch.setattr(cpp, "stack", refused)
+    out, _ = module(torch.randn(5, 2, 3))
+    assert out.shape == (5, 2, 4)
+    with pytest.raises(AssertionError, match="the stack ran"):
+        module.eval()(torch.randn(5, 2, 3))  # eval: no dropout, the stack

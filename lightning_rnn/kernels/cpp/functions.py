@@ -136,7 +136,7 @@ def graph_backward(cell: str, inputs: tuple, needs: list, grads: list, x_is_inpu
 
 
 def make_functions(get_ext: Callable[[], ModuleType]):
-    """Returns ``(LSTMFunction, GRUFunction, lstm, gru)`` running the extension ``get_ext()`` loads.
+    """Returns ``(LSTMFunction, GRUFunction, lstm, gru, stack)`` running the extension ``get_ext()`` loads.
 
     ``lstm``/``gru`` record a plain forward with the extension's C++ autograd node (see
     :func:`_graph`), and run the extension directly, without any node, where nothing
@@ -175,4 +175,23 @@ def make_functions(get_ext: Callable[[], ModuleType]):
             return GRUFunction.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
         return _run_forward(get_ext, "gru", p, x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, None, reverse)[:2]
 
-    return LSTMFunction, GRUFunction, lstm, gru
+    def stack(cell, x, batch_sizes, states, weights, num_layers, num_directions):
+        """A whole stack in one extension call (csrc/rnn_autograd.h: stack_apply), without
+        inter-layer dropout: ``(out (N, D*P), [h_n, c_n])``; or None where a call needs what
+        only the per-layer path has (a precision the extension lacks, weights of several
+        dtypes, the Python Function: see :func:`_graph`). states: h0 (L*D, B, P) and the
+        LSTM's c0; weights: per layer-direction, as the layers' layer_weights gives them."""
+        w_ih = weights[0][0]
+        p = Precision.for_call(x, w_ih)
+        if (p.compute, p.state) not in _SUPPORTED or any(w[0].dtype != w_ih.dtype for w in weights):
+            return None
+        flat = [w for layer_weights in weights for w in layer_weights]
+        x = compute_input(x, w_ih, p)
+        if _graph(x, *states, *flat) == _FUNCTION:
+            return None
+        ext = get_ext()
+        run, c0 = (ext.lstm_stack, states[1]) if cell == "lstm" else (ext.gru_stack, None)
+        out, *finals = run(x, batch_sizes, states[0], c0, flat, num_layers, num_directions, p.compute, p.state)
+        return out, finals
+
+    return LSTMFunction, GRUFunction, lstm, gru, stack

@@ -171,6 +171,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
   m.def("gru_apply", &CellNode<GruCell, CpuDev, CpuScope>::run,
         "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("lstm_stack", &stack_apply<LstmCell, CpuDev, CpuScope>,
+        "an LSTM stack's forward, one C++ autograd node per layer-direction", nogil);
+  m.def("gru_stack", &stack_apply<GruCell, CpuDev, CpuScope>,
+        "a GRU stack's forward, one C++ autograd node per layer-direction", nogil);
   // the bound's ATen calls dispatched as the layers' are (Flushed)
   m.def("lstm_gemm_bound", &Flushed<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);

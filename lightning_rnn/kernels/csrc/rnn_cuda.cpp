@@ -74,6 +74,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
   m.def("gru_apply", &CellNode<GruCell, CudaDev, CudaScope>::run,
         "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("lstm_stack", &stack_apply<LstmCell, CudaDev, CudaScope>,
+        "an LSTM stack's forward, one C++ autograd node per layer-direction", nogil);
+  m.def("gru_stack", &stack_apply<GruCell, CudaDev, CudaScope>,
+        "a GRU stack's forward, one C++ autograd node per layer-direction", nogil);
   m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);
   m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)",
