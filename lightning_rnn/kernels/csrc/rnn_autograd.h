@@ -186,4 +186,20 @@ std::vector<at::Tensor> stack_apply(const at::Tensor& x, const at::Tensor& batch
   return result;
 }
 
+// The extension's autograd entry points for a device (Dev) and what its calls run under
+// (Guard): lstm_apply / gru_apply (one layer-direction) and lstm_stack / gru_stack (a
+// stack), all without the GIL, as the kernels' other entry points.
+template <class Dev, class Guard>
+void def_autograd_entry_points(py::module_& m) {
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("lstm_apply", &CellNode<LstmCell, Dev, Guard>::run,
+        "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("gru_apply", &CellNode<GruCell, Dev, Guard>::run,
+        "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
+  m.def("lstm_stack", &stack_apply<LstmCell, Dev, Guard>,
+        "an LSTM stack's forward, one C++ autograd node per layer-direction", nogil);
+  m.def("gru_stack", &stack_apply<GruCell, Dev, Guard>,
+        "a GRU stack's forward, one C++ autograd node per layer-direction", nogil);
+}
+
 }  // namespace lrnn

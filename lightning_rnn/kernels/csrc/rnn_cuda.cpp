@@ -70,14 +70,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil);
   m.def("gru_forward", &OnDeviceOf<&rnn_forward<GruCell, CudaDev>>::call, "GRU forward of one layer-direction", nogil);
   m.def("gru_backward", &OnDeviceOf<&rnn_backward<GruCell, CudaDev>>::call, "GRU backward of one layer-direction", nogil);
-  m.def("lstm_apply", &CellNode<LstmCell, CudaDev, CudaScope>::run,
-        "LSTM forward of one layer-direction recorded by autograd as one C++ node", nogil);
-  m.def("gru_apply", &CellNode<GruCell, CudaDev, CudaScope>::run,
-        "GRU forward of one layer-direction recorded by autograd as one C++ node", nogil);
-  m.def("lstm_stack", &stack_apply<LstmCell, CudaDev, CudaScope>,
-        "an LSTM stack's forward, one C++ autograd node per layer-direction", nogil);
-  m.def("gru_stack", &stack_apply<GruCell, CudaDev, CudaScope>,
-        "a GRU stack's forward, one C++ autograd node per layer-direction", nogil);
+  def_autograd_entry_points<CudaDev, CudaScope>(m);  // lstm_apply, gru_apply, lstm_stack, gru_stack
   m.def("lstm_gemm_bound", &OnDeviceOf<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);
   m.def("gru_gemm_bound", &OnDeviceOf<&gemm_bound<GruCell>>::call, "the GEMMs of a GRU fwd+bwd alone (benchmarks)",
