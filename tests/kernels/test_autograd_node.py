@@ -207,3 +207,23 @@ def test_a_stack_with_dropout_in_training_runs_layer_by_layer(monkeypatch):
     assert out.shape == (5, 2, 4)
     with pytest.raises(AssertionError, match="the stack ran"):
         module.eval()(torch.randn(5, 2, 3))  # eval: no dropout, the stack
+
+
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad_bf16"])
+@pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
+def test_a_stack_without_a_graph(layer, mode):
+    """Under inference_mode, and under no_grad with bf16 autocast, the stack's call records
+    nothing and gives torch.nn's outputs (inference tensors under inference_mode)."""
+    torch.manual_seed(0)
+    module = layer(4, 5, num_layers=2, bidirectional=True, backend="cpp")
+    x = torch.randn(6, 3, 4)
+    if mode == "inference_mode":
+        with torch.inference_mode():
+            (out, _), (want, _) = module(x), module.to_torch()(x)
+        assert out.is_inference() and out.grad_fn is None
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    else:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out, states = module(x)
+        assert out.dtype == torch.bfloat16 and out.grad_fn is None and out.shape == (6, 3, 10)
+        torch.testing.assert_close(out.float(), module.to_torch()(x)[0].detach(), rtol=0.05, atol=0.05)
