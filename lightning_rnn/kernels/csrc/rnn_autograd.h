@@ -78,23 +78,24 @@ struct CellNode : public torch::autograd::Function<CellNode<Cell, Dev, Guard>> {
     ctx->saved_data["reverse"] = reverse;
     ctx->saved_data["state"] = state;
     ctx->saved_data["x_is_input"] = r[4].is_same(x);
-    if (b_ih) ctx->saved_data["bias_dtype"] = b_ih->scalar_type();
-    // which arguments are autograd inputs (edges), as Function::apply numbers them
-    int64_t edges = 0;
-    std::vector<int64_t> edge(kArgs, -1);
-    for (int a : {kX, kBatchSizes, kH0, kWih, kWhh}) edge[a] = 0;
-    if (c0) edge[kC0] = 0;
-    if (b_ih) edge[kBih] = edge[kBhh] = 0;
-    if (w_hr) edge[kWhr] = 0;
-    for (auto& e : edge) e = e < 0 ? -1 : edges++;
-    ctx->saved_data["edge"] = edge;
     if (kLstm) return {r[0], r[1], r[2]};
     return {r[0], r[1]};
   }
 
+  // Which tensor arguments up to w_hr are autograd inputs (edges), numbered as
+  // Function::apply numbers them (-1: None, no edge): the optional ones are those saved.
+  static std::array<int64_t, kReverse> edges(const std::vector<at::Tensor>& saved) {
+    // saved: x, gates, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr; the arguments' places in it
+    constexpr std::array<int, kReverse> kSaved{0, -1, 2, 3, 4, 5, 6, 7, 8};  // -1: batch_sizes
+    std::array<int64_t, kReverse> edge{};
+    int64_t next = 0;
+    for (int a = 0; a < kReverse; ++a) edge[a] = kSaved[a] < 0 || saved[kSaved[a]].defined() ? next++ : -1;
+    return edge;
+  }
+
   static variable_list backward(Ctx* ctx, variable_list grads) {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
-    const std::vector<int64_t> edge = ctx->saved_data["edge"].toIntVector();
+    const std::array<int64_t, kReverse> edge = edges(saved);
     const auto needs = [&](Arg a) { return edge[a] >= 0 && ctx->needs_input_grad(edge[a]); };
     const at::Tensor batch_sizes = ctx->saved_data["batch_sizes"].toTensor();
     const bool reverse = ctx->saved_data["reverse"].toBool();
@@ -111,9 +112,7 @@ struct CellNode : public torch::autograd::Function<CellNode<Cell, Dev, Guard>> {
     const OptTensor c0 = saved[3].defined() ? OptTensor(saved[3]) : c10::nullopt;
     const OptTensor w_hr = saved[8].defined() ? OptTensor(saved[8]) : c10::nullopt;
     const OptTensor d_cn = kLstm ? OptTensor(grads[2]) : c10::nullopt;
-    const auto bias_dtype = ctx->saved_data.count("bias_dtype")
-                                ? c10::optional<at::ScalarType>(ctx->saved_data["bias_dtype"].toScalarType())
-                                : c10::nullopt;
+    const auto bias_dtype = saved[6].defined() ? c10::optional<at::ScalarType>(saved[6].scalar_type()) : c10::nullopt;
     // (x, h0, c0, w_ih, w_hh, bias, w_hr), as rnn_backward takes them
     std::vector<bool> want{needs(kX),   needs(kH0),  needs(kC0),           needs(kWih),
                            needs(kWhh), needs(kBih) || needs(kBhh), needs(kWhr)};

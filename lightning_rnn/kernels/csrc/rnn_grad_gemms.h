@@ -130,15 +130,9 @@ class GradGemms {
     bool first = true;
     for (const GradBlock& g : blocks_) {
       const at::Tensor dGb = dGr.narrow(1, g.col, g.width);
-      if (want_dx_) {
-        at::Tensor rows = dx.narrow(0, lo_, r);
-        const at::Tensor w = w_ih_.narrow(0, g.row, g.width);
-        if (!first) {  // chunks run where MKL runs its own kernels (rows()): at::mm, not panels
-          rows.addmm_(dGb, w);  // (rnn_gemm.h: input_grad_gemm)
-        } else {
-          at::mm_out(rows, dGb, w);
-        }
-      }
+      // dx's rows: the first block writes them, the others add; in at::mm, not on panels,
+      // as chunks run where MKL runs its own kernels (rows(); rnn_gemm.h: input_grad_gemm)
+      if (want_dx_) accumulate(dx.narrow(0, lo_, r), dGb, w_ih_.narrow(0, g.row, g.width), first);
       if (want_dw_ih_) {
         accumulate(dw_ih.narrow(0, g.row, g.width), dGb.t(), x_.narrow(0, lo_, r), first_chunk_ && !sum_ih_);
       }
