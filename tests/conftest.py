@@ -47,3 +47,16 @@ def mkl_generic(request):
     ext.force_mkl_generic(request.param)
     yield request.param
     ext.force_mkl_generic(-1)
+
+
+@pytest.fixture(params=[1, 0], ids=["widened", "native"])
+def widen(request):
+    """The cpp kernels running their bf16 / fp16 GEMMs in float32 (1: as on a CPU without
+    a fast low-precision GEMM; kernels/csrc/rnn_widen.h) or in ATen's low-precision GEMM
+    (0), whatever this CPU is; detected again after the test."""
+    from lightning_rnn.kernels import cpp
+
+    ext = cpp.load()
+    ext.force_widen(request.param)
+    yield request.param
+    ext.force_widen(-1)

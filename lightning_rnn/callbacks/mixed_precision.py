@@ -126,13 +126,15 @@ class MixedPrecision(Callback):
             raise ValueError(self._disagreement(getattr(current, "precision", type(current).__name__), device))
         if device == "cpu" and self.dtype == "fp16":
             rank_zero_warn(
-                "MixedPrecision(dtype='fp16') on CPU: fp16 GEMMs are emulated there and run many times slower "
-                "than fp32 (Lightning itself runs precision='16-mixed' as bf16 on CPU); use dtype='bf16' on CPU."
+                "MixedPrecision(dtype='fp16') on CPU: the model's fp16 matmuls outside the fused layers run in "
+                "torch's fallback on most CPUs, many times slower than fp32 (Lightning itself runs "
+                "precision='16-mixed' as bf16 on CPU); use dtype='bf16' on CPU."
             )
         if device == "cpu" and self.dtype == "bf16" and not _cpu_has_fast_bf16():
             rank_zero_warn(
-                "MixedPrecision(dtype='bf16') on a CPU without native bf16 instructions (AVX512-BF16/AMX): "
-                "activation memory halves, but bf16 GEMMs are emulated and run many times slower than fp32."
+                "MixedPrecision(dtype='bf16') on a CPU without a fast bf16 GEMM (oneDNN reports none): activation "
+                "memory halves and the fused layers run their GEMMs in fp32 on bf16 values, but the model's "
+                "other bf16 matmuls (nn.Linear, ...) run in torch's fallback, many times slower than fp32."
             )
         self._original = current
         self.plugin = RNNMixedPrecision(self.lightning_precision, device, scaler)

@@ -34,7 +34,7 @@ def _rel_err(got, want) -> float:
 
 
 @pytest.mark.parametrize("cell, P", CELLS, ids=CELL_IDS)
-def test_bf16_autocast_memory_dtypes_accuracy(cell, P):
+def test_bf16_autocast_memory_dtypes_accuracy(cell, P, widen):
     cpp = kernels_for("cpp")
     fp32, fp32_dtypes, fp32_bytes = _run(cpp, cell, autocast=False, P=P)
     bf16, bf16_dtypes, bf16_bytes = _run(cpp, cell, autocast=True, P=P)

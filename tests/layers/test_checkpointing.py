@@ -280,7 +280,7 @@ def test_retained_graph_after_an_aborted_pass_and_twice(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
-def test_bf16_checkpointed_gradients_match_unchunked(cell):
+def test_bf16_checkpointed_gradients_match_unchunked(cell, widen):
     """Under autocast the kernels compute in bf16 and the weights stay fp32: the chunks' fp32
     weight gradients are summed (not into the kernel's GEMM) and match the unchunked layer's."""
     torch.manual_seed(0)
@@ -300,7 +300,7 @@ def test_bf16_checkpointed_gradients_match_unchunked(cell):
 
 @pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bf16_checkpointed_forward_is_the_unchunked_one_exactly(cell, backend):
+def test_bf16_checkpointed_forward_is_the_unchunked_one_exactly(cell, backend, widen):
     """The states carried from chunk to chunk are those the next step reads (the GRU's h in
     fp32, not rounded to bf16 at each boundary), so the chunks compute what one pass does."""
     torch.manual_seed(0)

@@ -190,6 +190,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mkl_generic_detected", &MklPath::detected_generic, "what mkl_generic() detects, whatever is forced");
   m.def("force_mkl_generic", &MklPath::force,
         "tests: choose GEMMs as if MKL ran its generic kernels (1) or not (0); -1 detects again");
+  m.def("widens", [](const at::Tensor& t) { return Widen::applies(t); },
+        "whether GEMMs with operands like t run in float32 (bf16 / fp16 on a CPU without a fast GEMM for them)");
+  m.def("force_widen", &Widen::force,
+        "tests: run every bf16 / fp16 CPU GEMM in float32 (1), none (0); -1 detects again");
   m.def("panel_width", [] { return PanelGemm::kWidth; }, "columns per panel: two of the build's widest vectors");
   m.def("panels", &PanelGemm::pack, "a float32 (K, N) matrix copied into the step GEMM's (ceil(N/w), K, w) panels, w = panel_width()");
   m.def(

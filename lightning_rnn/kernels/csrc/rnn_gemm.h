@@ -36,6 +36,7 @@
 #include "rnn_panels.h"
 #include "rnn_pool.h"
 #include "rnn_transpose.h"
+#include "rnn_widen.h"
 
 namespace lrnn {
 
@@ -144,6 +145,8 @@ class DnnlGemm {
     }
     return pack_now(w, rows);
   }
+  // The same, never kept in a store (a weight made for one call).
+  static at::Tensor pack_unstored(const at::Tensor& w, int64_t rows) { return pack_now(w, rows); }
 
   // x (M, in) @ w^T, w (out, in) plain (any strides) or packed by pack(). Returns an
   // undefined tensor on failure (callers then fall back to at::mm and ok() is false).
@@ -230,6 +233,7 @@ constexpr int64_t kDnnlPackedMinDim = 128;
 // weight packed first when `pack` and M is large enough to pay for the packing (unpacked
 // only at the sizes where that is fast); else at::mm.
 inline at::Tensor proj_gemm(const at::Tensor& x, const at::Tensor& w, bool pack = true) {
+  if (Widen::applies(x)) return proj_gemm(f32(x), f32(w), /*pack=*/false).to(x.scalar_type());
   if (DnnlGemm::usable(x) && x.size(0) >= 64) {
     const bool packed = pack && worth_packing(x.size(0), 512) && w.size(0) >= kDnnlPackedMinDim &&
                         w.size(1) >= kDnnlPackedMinDim;
@@ -271,6 +275,10 @@ constexpr int64_t kPanelMaxDepth = 1024;
 // Where at::mm runs MKL's generic kernels (rnn_blas.h), panels of W_ih^T instead.
 inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
   at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
+  if (Widen::applies(x)) {  // into a pooled float32 block (a fresh one faults its pages in)
+    at::Tensor yf = BufferPool::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
+    return y.copy_(at::mm_out(yf, f32(x), f32(w).t()));
+  }
   if (MklPath::generic() && PanelGemm::enabled() && PanelGemm::supports(x) && x.stride(1) == 1 &&
       x.size(1) <= kPanelMaxDepth && worth_packing(x.size(0), 64)) {
     PanelGemm::run(x, panels_of(w.t(), w), w.size(0), y);
@@ -284,6 +292,7 @@ inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
 // that are big and fast (or any size where at::mm runs MKL's generic kernels: rnn_blas.h);
 // else at::mm.
 inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
+  if (Widen::applies(dG)) return wgrad_gemm(f32(dG).contiguous(), f32(x)).to(dG.scalar_type());
   const bool dnnl_sizes = MklPath::generic() || (dG.size(1) >= kDnnlMinDim && x.size(1) >= kDnnlMinDim &&
                                                  dnnl_plain_weight_fast(dG.size(1), x.size(1)));
   if (DnnlGemm::usable(x) && dG.is_contiguous() && x.size(0) >= 512 && dnnl_sizes) {
@@ -298,6 +307,7 @@ inline at::Tensor wgrad_gemm(const at::Tensor& dG, const at::Tensor& x) {
 // for copying w (a pass over w against M of them); else oneDNN (contiguous dG, fast sizes)
 // or at::mm.
 inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w, const at::Tensor& base) {
+  if (Widen::applies(dG)) return proj_gemm(f32(dG).contiguous(), f32(w).t(), /*pack=*/false).to(dG.scalar_type());
   if (MklPath::generic() && PanelGemm::enabled() && PanelGemm::supports(dG) && dG.size(1) <= kPanelMaxDepth &&
       dG.stride(1) == 1 && worth_packing(dG.size(0), 64)) {
     at::Tensor y = at::empty({dG.size(0), w.size(1)}, dG.options());
@@ -345,6 +355,9 @@ class StepGemm {
 
   // y = a M: written into `out` (n, N), except by oneDNN, which returns a fresh tensor.
   at::Tensor run(const at::Tensor& a, at::Tensor out) const {
+    if (widened_) {  // M in float32: a (n, K) and y in float32, y rounded into out
+      return out.copy_(StepGemm(kind_, plain_, prepared_).run(f32(a), at::empty(out.sizes(), prepared_.options())));
+    }
     if (kind_ == Kind::kPanels) {
       PanelGemm::run(a, prepared_, plain_.size(1), out);
       return out;
@@ -359,10 +372,28 @@ class StepGemm {
  private:
   // M (K, N) for T steps of up to B rows: panels, else oneDNN (M^T packed) from hidden
   // size dnnl_min_h, else ATen; packing only where T steps pay for it (or a store is active).
+  // A bf16 / fp16 M where such GEMMs are slow (rnn_widen.h): copied to float32 once per
+  // call and prepared as a float32 M, packed outside any WeightPacks store (the copy is
+  // new at every call, so a store would only collect them).
   static StepGemm prepare(const at::Tensor& w_hh, const at::Tensor& m, int64_t dnnl_min_h, int64_t B, int64_t T) {
-    if (!worth_packing(T, kDnnlPackMinSteps)) return {Kind::kAten, m, m};
-    if (PanelGemm::usable(w_hh, B) && PanelGemm::suits(m)) return {Kind::kPanels, m, panels_of(m, w_hh)};
-    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) return {Kind::kDnnl, m, DnnlGemm::pack(m.t(), B, w_hh)};
+    if (Widen::applies(m)) {
+      const at::Tensor mf = f32(m);
+      StepGemm g = prepare(mf, mf, dnnl_min_h, B, T, /*store=*/false);
+      g.widened_ = true;
+      return g;
+    }
+    return prepare(w_hh, m, dnnl_min_h, B, T, /*store=*/true);
+  }
+
+  static StepGemm prepare(const at::Tensor& w_hh, const at::Tensor& m, int64_t dnnl_min_h, int64_t B, int64_t T,
+                          bool store) {
+    if (!(store ? worth_packing(T, kDnnlPackMinSteps) : T >= kDnnlPackMinSteps)) return {Kind::kAten, m, m};
+    if (PanelGemm::usable(w_hh, B) && PanelGemm::suits(m)) {
+      return {Kind::kPanels, m, store ? panels_of(m, w_hh) : PanelGemm::pack(m)};
+    }
+    if (DnnlGemm::usable(w_hh) && w_hh.size(1) >= dnnl_min_h) {
+      return {Kind::kDnnl, m, store ? DnnlGemm::pack(m.t(), B, w_hh) : DnnlGemm::pack_unstored(m.t(), B)};
+    }
     return {Kind::kAten, m, m};
   }
 
@@ -371,6 +402,7 @@ class StepGemm {
 
   Kind kind_;
   at::Tensor plain_, prepared_;
+  bool widened_ = false;  // M (plain_, prepared_) in float32 for a low-precision caller
 };
 
 }  // namespace lrnn

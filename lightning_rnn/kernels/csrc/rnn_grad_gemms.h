@@ -147,9 +147,9 @@ class GradGemms {
   // sum += a b, or sum = a b where `write` (the first chunk into a fresh, unset gradient).
   static void accumulate(at::Tensor sum, const at::Tensor& a, const at::Tensor& b, bool write) {
     if (write) {
-      at::mm_out(sum, a, b);
+      gemm_out(sum, a, b);
     } else {
-      sum.addmm_(a, b);
+      gemm_add(sum, a, b);
     }
   }
 
@@ -162,7 +162,7 @@ class GradGemms {
         if (want_dx_) {
           const at::Tensor w = w_ih_.narrow(0, g.row, g.width);  // (width, I)
           if (dx.defined()) {
-            dx.addmm_(dGb, w);
+            gemm_add(dx, dGb, w);
           } else {
             dx = input_grad_gemm(dGb, w, w_ih_);
           }
@@ -170,18 +170,22 @@ class GradGemms {
         if (want_dw_ih_) {
           at::Tensor dw = dw_ih.narrow(0, g.row, g.width);
           if (sum_ih_) {
-            dw.addmm_(dGb.t(), x_);
+            gemm_add(dw, dGb.t(), x_);
           } else if (dGb.is_contiguous() && g.width == dw_ih.size(0)) {
             dw_ih = wgrad_gemm(dGb, x_);  // one block covering all of W_ih (LSTM)
           } else {
-            at::mm_out(dw, dGb.t(), x_);
+            gemm_out(dw, dGb.t(), x_);
           }
         }
       }
     }
     if (want_dw_hh_) {
       const at::Tensor dG_h = dG_.narrow(1, 0, HG_);
-      dw_hh = sum_hh_ ? dw_hh.addmm_(dG_h.t(), h_prev_) : wgrad_gemm(dG_h, h_prev_);
+      if (sum_hh_) {
+        gemm_add(dw_hh, dG_h.t(), h_prev_);
+      } else {
+        dw_hh = wgrad_gemm(dG_h, h_prev_);
+      }
     }
   }
 
