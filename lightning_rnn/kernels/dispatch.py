@@ -34,6 +34,9 @@ _MODULES = {
 # Kernel backends per device type, fastest first; "reference" closes every list.
 PREFERENCE = {"cpu": ("cpp", "reference"), "cuda": ("cuda", "reference")}
 _warned: set[str] = set()
+# (backend asked for, device type) -> the backend it resolved to, once that loaded: every
+# forward asks, and the loads' checks cost more than the kernel of a one-step call.
+_loaded: dict[tuple[str, str], str] = {}
 
 
 class BackendUnavailable(RuntimeError):
@@ -94,19 +97,26 @@ def resolve(backend: str, device: torch.device) -> str:
     resolves to ``"torch"``.
     """
     check_backend_name(backend)
-    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "meta":
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if device_type == "meta":
         return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
     if _torch_func_active():
         return "torch"  # the kernels' autograd.Functions are not torch.func-transformable
     if _is_exporting() or torch.jit.is_tracing():
         return "torch"  # captured as aten.lstm / aten.gru, which exported programs can run
+    loaded = _loaded.get((backend, device_type))
+    if loaded is not None:
+        return loaded
     if backend != "auto":
         if backend in KERNEL_BACKENDS:
             load(backend)
+        _loaded[backend, device_type] = backend
         return backend
     for name in _preference(device):
         try:
             load(name)
+            if name != "reference":  # a fallback tries the faster backends again next call
+                _loaded[backend, device_type] = name
             return name
         except (BackendUnavailable, ModuleNotFoundError) as err:
             if name not in _warned:

@@ -163,11 +163,13 @@ def test_create_graph_gradients_equal_the_plain_ones_and_carry_a_graph(cell, P, 
         torch.testing.assert_close(g, p, rtol=1e-10, atol=1e-10)
 
 
-def _outputs_and_grads(module, x):
-    out, states = module(x)
+def _outputs_and_grads(module, x, hx=None):
+    out, states = module(x, hx)
     states = states if isinstance(states, tuple) else (states,)
     loss = out.square().sum() + sum(s.sum() for s in states)
-    return [out.detach(), *(s.detach() for s in states), *torch.autograd.grad(loss, [x, *module.parameters()])]
+    given = [] if hx is None else list(hx) if isinstance(hx, tuple) else [hx]
+    leaves = [x, *given, *module.parameters()]
+    return [out.detach(), *(s.detach() for s in states), *torch.autograd.grad(loss, leaves)]
 
 
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
@@ -181,8 +183,9 @@ def test_a_stack_without_dropout_runs_in_one_extension_call(layer, bidirectional
     torch.manual_seed(0)
     module = layer(3, 4, num_layers=3, bidirectional=bidirectional, backend="cpp")
     x = torch.randn(5, 2, 3, requires_grad=True)
-    with monkeypatch.context() as patch:
-        patch.setattr(cpp, "stack", lambda *args: None)  # the stack declines: the per-layer path
+    with monkeypatch.context() as patch:  # the stack and its common call decline: the per-layer path
+        patch.setattr(cpp, "padded", lambda *args: None)
+        patch.setattr(cpp, "stack", lambda *args: None)
         want = _outputs_and_grads(module, x)
 
     def refused(*args):
@@ -203,10 +206,105 @@ def test_a_stack_with_dropout_in_training_runs_layer_by_layer(monkeypatch):
 
     module = FusedLSTM(3, 4, num_layers=2, dropout=0.5, backend="cpp")
     monkeypatch.setattr(cpp, "stack", refused)
+    monkeypatch.setattr(cpp, "padded", refused)
     out, _ = module(torch.randn(5, 2, 3))
     assert out.shape == (5, 2, 4)
     with pytest.raises(AssertionError, match="the stack ran"):
         module.eval()(torch.randn(5, 2, 3))  # eval: no dropout, the stack
+
+
+def _spy_padded(monkeypatch) -> list:
+    """The cpp backend's padded calls (the layers' common call), recorded as they run."""
+    from lightning_rnn.kernels import cpp
+
+    calls, padded = [], cpp.padded
+    monkeypatch.setattr(cpp, "padded", lambda *args: calls.append(args[0]) or padded(*args))
+    return calls
+
+
+PADDED_CONFIGS = {
+    "one_layer": dict(num_layers=1),
+    "three_bidirectional": dict(num_layers=3, bidirectional=True),
+    "no_bias_eval_dropout": dict(num_layers=2, bias=False, dropout=0.5),  # dropout in eval mode: none
+}
+PADDED_CASES = [(layer, config) for layer in (FusedLSTM, FusedGRU) for config in PADDED_CONFIGS.values()]
+PADDED_CASES.append((FusedLSTM, dict(num_layers=2, bidirectional=True, proj_size=2)))  # torch.nn.GRU has no projection
+PADDED_IDS = [f"{layer.__name__}-{name}" for layer in (FusedLSTM, FusedGRU) for name in PADDED_CONFIGS]
+PADDED_IDS.append("FusedLSTM-projected")
+
+
+@pytest.mark.parametrize("layer, config", PADDED_CASES, ids=PADDED_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_the_common_call_runs_padded_as_the_general_path_does(layer, config, dtype, monkeypatch):
+    """A padded time-major batch, from zero states or from given ones (the layers' common
+    call), takes the extension's padded entry in one step from Python; outputs, states and
+    every gradient (the initial states' too) equal the general path's (the stack's call)
+    bit for bit, a non-contiguous input's too."""
+    torch.manual_seed(0)
+    module = layer(3, 4, backend="cpp", dtype=dtype, **config).train("dropout" not in config)
+    LD, P = module.num_layers * module.num_directions, module.output_size
+    shapes = [(LD, 2, P), (LD, 2, 4)][: module.cell.num_states]
+    given = [torch.randn(shape, dtype=dtype, requires_grad=True) for shape in shapes]
+    hx = tuple(given) if len(given) == 2 else given[0]
+    strided = torch.randn(2, 5, 3, dtype=dtype).transpose(0, 1).requires_grad_()
+    x = torch.randn(5, 2, 3, dtype=dtype, requires_grad=True)
+    calls = _spy_padded(monkeypatch)
+    cases = [(x, None), (strided, None), (x, hx)]
+    got = [_outputs_and_grads(module, *case) for case in cases]
+    assert calls == [module.cell.name] * 3
+    module._forward_plain = lambda x, hx, weights: None  # the general path
+    for case, results in zip(cases, got, strict=True):
+        for g, w in zip(results, _outputs_and_grads(module, *case), strict=True):
+            assert torch.equal(g, w)
+    assert len(calls) == 3
+
+
+def test_every_other_call_takes_the_general_path(monkeypatch):
+    """batch_first, a PackedSequence, an unbatched input, states in a list, checkpointing,
+    dropout in training, autocast, and the bad inputs (the general path's clear errors)
+    all go the general way."""
+    module = FusedLSTM(3, 4, num_layers=2, backend="cpp")
+    x = torch.randn(5, 2, 3)
+    calls = _spy_padded(monkeypatch)
+    module(x, [torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)])
+    module(x[:, 0])
+    module(torch.nn.utils.rnn.pack_padded_sequence(x, [5, 3]))
+    FusedLSTM(3, 4, batch_first=True, backend="cpp")(x)
+    FusedLSTM(3, 4, checkpoint_chunk_size=2, backend="cpp")(x.requires_grad_())
+    FusedLSTM(3, 4, num_layers=2, dropout=0.5, backend="cpp")(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module(x)
+    with pytest.raises(ValueError, match="input: dtype torch.float64 does not match"):
+        module(x.double())
+    with pytest.raises(ValueError, match=r"hx: expected c_0 of shape \(2, 2, 4\), got \(2, 3, 4\)"):
+        module(x, (torch.zeros(2, 2, 4), torch.zeros(2, 3, 4)))
+    with pytest.raises(TypeError, match="hx: expected h_0 of dtype torch.float32 like the input"):
+        module(x, (torch.zeros(2, 2, 4, dtype=torch.float64), torch.zeros(2, 2, 4)))
+    with pytest.raises(TypeError, match=r"hx: FusedLSTM expects a tuple \(h_0, c_0\)"):
+        module(x, torch.zeros(2, 2, 4))
+    assert calls == []
+    module(x)
+    module(x, (torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)))
+    assert calls == ["lstm", "lstm"]
+
+
+def test_weights_of_several_dtypes_take_the_per_layer_path():
+    """A layer whose weights a parametrization (unsafe=True) turns to float64 runs on the
+    per-layer path, which converts its input, as the general path does: the common
+    call declines rather than fail in the extension's dtype check."""
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return w.double()
+
+    torch.manual_seed(0)
+    module = FusedLSTM(3, 4, num_layers=2, backend="cpp")
+    for name in ("weight_ih_l1", "weight_hh_l1", "bias_ih_l1", "bias_hh_l1"):
+        torch.nn.utils.parametrize.register_parametrization(module, name, Double(), unsafe=True)
+    x = torch.randn(5, 2, 3)
+    out, (h, c) = module(x)
+    assert out.dtype == h.dtype == c.dtype == torch.float64
+    module._forward_plain = lambda x, hx, weights: None  # the general path
+    assert torch.equal(out, module(x)[0])
 
 
 @pytest.mark.parametrize("mode", ["inference_mode", "no_grad_bf16"])

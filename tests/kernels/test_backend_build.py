@@ -22,6 +22,7 @@ def broken_cpp(tmp_path, monkeypatch):
     monkeypatch.setattr(cpp, "SOURCES", [str(src)])
     monkeypatch.setattr(build, "_built", {})  # forget this process's real build meanwhile
     monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_loaded", {})  # and which backend the layers resolved to
 
 
 def test_named_backend_raises_with_compiler_error(broken_cpp):
@@ -422,7 +423,8 @@ def test_the_cuda_sources_build_link_and_import_without_a_gpu(tmp_path, monkeypa
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     monkeypatch.setattr(build, "_built", {})  # this build is for no device: forget it after the test
     module = build.jit_build("cuda", cuda.SOURCES, cuda.CFLAGS, cuda.CUDA_CFLAGS)
-    names = {f"{cell}_{part}" for cell in ("lstm", "gru") for part in ("forward", "backward", "gemm_bound")}
+    parts = ("forward", "backward", "gemm_bound", "apply", "stack", "padded")
+    names = {f"{cell}_{part}" for cell in ("lstm", "gru") for part in parts}
     assert names <= set(dir(module))
     x, h0, c0 = torch.randn(6, 3), torch.zeros(2, 4), torch.zeros(2, 4)
     with pytest.raises(RuntimeError, match="x: expected a tensor on cuda, got cpu"):

@@ -57,6 +57,6 @@ def weight_packs():
     return load().WeightPacks()
 
 
-LSTMFunction, GRUFunction, lstm, gru, stack = make_functions(load)
+LSTMFunction, GRUFunction, lstm, gru, stack, padded = make_functions(load)
 
-__all__ = ["load", "lstm", "gru", "stack", "LSTMFunction", "GRUFunction", "weight_packs"]
+__all__ = ["load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction", "weight_packs"]

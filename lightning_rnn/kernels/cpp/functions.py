@@ -136,7 +136,8 @@ def graph_backward(cell: str, inputs: tuple, needs: list, grads: list, x_is_inpu
 
 
 def make_functions(get_ext: Callable[[], ModuleType]):
-    """Returns ``(LSTMFunction, GRUFunction, lstm, gru, stack)`` running the extension ``get_ext()`` loads.
+    """Returns ``(LSTMFunction, GRUFunction, lstm, gru, stack, padded)`` running the extension
+    ``get_ext()`` loads.
 
     ``lstm``/``gru`` record a plain forward with the extension's C++ autograd node (see
     :func:`_graph`), and run the extension directly, without any node, where nothing
@@ -194,4 +195,20 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         out, *finals = run(x, batch_sizes, states[0], c0, flat, num_layers, num_directions, p.compute, p.state)
         return out, finals
 
-    return LSTMFunction, GRUFunction, lstm, gru, stack
+    def padded(cell, x, h0, c0, weights, num_layers, num_directions):
+        """:func:`stack`'s common call in one step (csrc/rnn_autograd.h: padded_stack_apply):
+        x a padded, time-major (T, B, I) batch in the weights' dtype, float32 or float64,
+        outside autocast; h0 (L*D, B, P) and the LSTM's c0 (L*D, B, H) in x's dtype, or
+        None for zeros. ``(out (T, B, D*P), [h_n, c_n])``, or None where the call is not
+        one the extension's node serves alone (see :func:`_graph`: inside a GradSink,
+        under forward-mode AD), or where the layers' weights are of several dtypes
+        (parametrized ones: the per-layer path converts between them)."""
+        if GradSink.current() is not None or getattr(forward_ad, "_current_level", 0) >= 0:
+            return None
+        if any(w[0].dtype != x.dtype for w in weights):
+            return None
+        flat = [w for layer_weights in weights for w in layer_weights]
+        out, *finals = getattr(get_ext(), f"{cell}_padded")(x, h0, c0, flat, num_layers, num_directions)
+        return out, finals
+
+    return LSTMFunction, GRUFunction, lstm, gru, stack, padded

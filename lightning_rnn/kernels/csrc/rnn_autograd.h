@@ -185,9 +185,37 @@ std::vector<at::Tensor> stack_apply(const at::Tensor& x, const at::Tensor& batch
   return result;
 }
 
+// The layers' common call, in one step from Python: a padded, time-major x (T, B, I) in
+// the compute dtype (here also the state dtype: no autocast), the initial states h0
+// (L*D, B, P) and the LSTM's c0 (L*D, B, H), or None for zeros, the weights as for
+// stack_apply. The batch sizes, the zero states and the views that the Python side
+// made cost it ~50 us with the caches a backward leaves, against a few here. Returns
+// (out (T, B, D*P), h_n (L*D, B, P)[, c_n (L*D, B, H)]).
+template <class Cell, class Dev, class Guard>
+std::vector<at::Tensor> padded_stack_apply(const at::Tensor& x, const OptTensor& h0, const OptTensor& c0,
+                                           const std::vector<OptTensor>& weights, int64_t L, int64_t D) {
+  constexpr bool kLstm = CellNode<Cell, Dev, Guard>::kLstm;
+  TORCH_CHECK(x.dim() == 3 && x.size(0) > 0 && x.size(1) > 0, "x: expected (T, B, I) with T, B > 0, got ", x.sizes());
+  TORCH_CHECK(!weights.empty() && weights[1], "weights: expected w_hh of the first layer-direction");
+  TORCH_CHECK(kLstm ? h0.has_value() == c0.has_value() : !c0.has_value(),
+              "h0, c0: expected both or neither (LSTM), c0 None (GRU)");
+  const int64_t T = x.size(0), B = x.size(1);
+  const at::Tensor& w_hh = *weights[1];
+  const int64_t H = w_hh.size(0) / Cell::kProjGates, P = w_hh.size(1);
+  const at::Tensor h = h0 ? *h0 : at::zeros({L * D, B, P}, x.options());
+  OptTensor c = c0;
+  if (kLstm && !c) c = P == H ? h : at::zeros({L * D, B, H}, x.options());  // h: zeros here too
+  const at::Tensor batch_sizes = at::full({T}, B, at::TensorOptions().dtype(at::kLong));  // on the host
+  std::vector<at::Tensor> result = stack_apply<Cell, Dev, Guard>(x.reshape({T * B, x.size(2)}), batch_sizes, h, c,
+                                                                 weights, L, D, x.scalar_type(), x.scalar_type());
+  result[0] = result[0].view({T, B, result[0].size(1)});
+  return result;
+}
+
 // The extension's autograd entry points for a device (Dev) and what its calls run under
-// (Guard): lstm_apply / gru_apply (one layer-direction) and lstm_stack / gru_stack (a
-// stack), all without the GIL, as the kernels' other entry points.
+// (Guard): lstm_apply / gru_apply (one layer-direction), lstm_stack / gru_stack (a
+// stack) and lstm_padded / gru_padded (a stack's common call), all without the GIL, as
+// the kernels' other entry points.
 template <class Dev, class Guard>
 void def_autograd_entry_points(py::module_& m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -199,6 +227,10 @@ void def_autograd_entry_points(py::module_& m) {
         "an LSTM stack's forward, one C++ autograd node per layer-direction", nogil);
   m.def("gru_stack", &stack_apply<GruCell, Dev, Guard>,
         "a GRU stack's forward, one C++ autograd node per layer-direction", nogil);
+  m.def("lstm_padded", &padded_stack_apply<LstmCell, Dev, Guard>,
+        "an LSTM stack's forward on a padded batch (lstm_stack's common call)", nogil);
+  m.def("gru_padded", &padded_stack_apply<GruCell, Dev, Guard>,
+        "a GRU stack's forward on a padded batch (gru_stack's common call)", nogil);
 }
 
 }  // namespace lrnn

@@ -167,7 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_backward", &Flushed<&rnn_backward<LstmCell, CpuDev>>::call, "LSTM backward of one layer-direction", nogil);
   m.def("gru_forward", &Flushed<&rnn_forward<GruCell, CpuDev>>::call, "GRU forward of one layer-direction", nogil);
   m.def("gru_backward", &Flushed<&rnn_backward<GruCell, CpuDev>>::call, "GRU backward of one layer-direction", nogil);
-  def_autograd_entry_points<CpuDev, CpuScope>(m);  // lstm_apply, gru_apply, lstm_stack, gru_stack
+  def_autograd_entry_points<CpuDev, CpuScope>(m);  // lstm/gru _apply, _stack, _padded
   // the bound's ATen calls dispatched as the layers' are (Flushed)
   m.def("lstm_gemm_bound", &Flushed<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);

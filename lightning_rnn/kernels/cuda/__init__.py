@@ -62,6 +62,6 @@ def load() -> ModuleType:
     return jit_build("cuda", SOURCES, CFLAGS, CUDA_CFLAGS)
 
 
-LSTMFunction, GRUFunction, lstm, gru, stack = make_functions(load)
+LSTMFunction, GRUFunction, lstm, gru, stack, padded = make_functions(load)
 
-__all__ = ["load", "lstm", "gru", "stack", "LSTMFunction", "GRUFunction"]
+__all__ = ["load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction"]
