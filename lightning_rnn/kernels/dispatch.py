@@ -35,7 +35,8 @@ _MODULES = {
 PREFERENCE = {"cpu": ("cpp", "reference"), "cuda": ("cuda", "reference")}
 _warned: set[str] = set()
 # (backend asked for, device type) -> the backend it resolved to, once that loaded: every
-# forward asks, and the loads' checks cost more than the kernel of a one-step call.
+# forward asks (resolving anew took ~45 us of a 1x64 forward with the caches a backward
+# leaves, ~18 us with this; resolve still checks the modes on every call).
 _loaded: dict[tuple[str, str], str] = {}
 
 
