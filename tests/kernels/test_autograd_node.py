@@ -288,6 +288,22 @@ def test_every_other_call_takes_the_general_path(monkeypatch):
     assert calls == ["lstm", "lstm"]
 
 
+@pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
+def test_a_layer_refuses_forward_mode_ad_on_the_common_call(layer, monkeypatch):
+    """A dual input in the common call's shape (padded, zero states) is declined by the
+    padded entry and refused by the Python Function with torch's error, under no_grad
+    too, rather than run without its tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    module = layer(3, 4, num_layers=2, backend="cpp")
+    x = torch.randn(5, 2, 3)
+    calls = _spy_padded(monkeypatch)
+    with torch.no_grad(), fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match="jvp"):
+            module(fwAD.make_dual(x, torch.ones_like(x)))
+    assert calls == [module.cell.name]  # asked, and declined
+
+
 def test_weights_of_several_dtypes_take_the_per_layer_path():
     """A layer whose weights a parametrization (unsafe=True) turns to float64 runs on the
     per-layer path, which converts its input, as the general path does: the common

@@ -199,15 +199,15 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         """:func:`stack`'s common call in one step (csrc/rnn_autograd.h: padded_stack_apply):
         x a padded, time-major (T, B, I) batch in the weights' dtype, float32 or float64,
         outside autocast; h0 (L*D, B, P) and the LSTM's c0 (L*D, B, H) in x's dtype, or
-        None for zeros. ``(out (T, B, D*P), [h_n, c_n])``, or None where the call is not
-        one the extension's node serves alone (see :func:`_graph`: inside a GradSink,
-        under forward-mode AD), or where the layers' weights are of several dtypes
-        (parametrized ones: the per-layer path converts between them)."""
-        if GradSink.current() is not None or getattr(forward_ad, "_current_level", 0) >= 0:
-            return None
+        None for zeros. ``(out (T, B, D*P), [h_n, c_n])``, or None where :func:`stack`
+        declines too: where the call needs the Python Function (see :func:`_graph`), or
+        where the layers' weights are of several dtypes (parametrized ones: the per-layer
+        path converts between them)."""
         if any(w[0].dtype != x.dtype for w in weights):
             return None
         flat = [w for layer_weights in weights for w in layer_weights]
+        if _graph(x, h0, c0, *flat) == _FUNCTION:
+            return None
         out, *finals = getattr(get_ext(), f"{cell}_padded")(x, h0, c0, flat, num_layers, num_directions)
         return out, finals
 
