@@ -249,7 +249,8 @@ class FusedRNNBase(nn.Module):
         input with its error, goes the general way."""
         if x.dim() != 3 or self.batch_first or self.checkpoint_chunk_size is not None:
             return None
-        backend = dispatch.resolve(self.backend, x.device)  # "torch" while a graph is captured
+        device = x.device
+        backend = dispatch.resolve(self.backend, device)  # "torch" while a graph is captured
         padded = backend != "torch" and getattr(dispatch.kernels(backend), "padded", None)
         if not padded or (self.dropout and self.training and self.num_layers > 1):
             return None
@@ -257,7 +258,7 @@ class FusedRNNBase(nn.Module):
         w = weights[0][0]
         if not (T and B and I == self.input_size and x.dtype in _PLAIN_DTYPES and x.dtype == w.dtype):
             return None
-        if x.device != w.device or torch.is_autocast_enabled(x.device.type):
+        if device != w.device or torch.is_autocast_enabled(device.type):
             return None
         h0 = c0 = None
         if hx is not None:

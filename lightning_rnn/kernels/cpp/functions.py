@@ -114,6 +114,18 @@ def _graph(*tensors) -> int:
     return _FUNCTION if GradSink.current() is not None else _NODE
 
 
+def _stack_weights(weights: list, *tensors) -> list | None:
+    """The weights of a stack call flattened (5 per layer-direction), or None where the
+    stack declines them: weights of several dtypes (parametrized ones; the per-layer path
+    converts between them), or a call the Python Function records (see :func:`_graph`;
+    ``tensors``: the call's input and states)."""
+    dtype = weights[0][0].dtype
+    if any(w[0].dtype != dtype for w in weights):
+        return None
+    flat = [w for layer_weights in weights for w in layer_weights]
+    return None if _graph(*tensors, *flat) == _FUNCTION else flat
+
+
 def graph_backward(cell: str, inputs: tuple, needs: list, grads: list, x_is_input: bool) -> list:
     """A create_graph backward of the C++ node (csrc/rnn_autograd.h), which calls this:
     inputs in the node's order ``(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
@@ -184,11 +196,11 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         LSTM's c0; weights: per layer-direction, as the layers' layer_weights gives them."""
         w_ih = weights[0][0]
         p = Precision.for_call(x, w_ih)
-        if (p.compute, p.state) not in _SUPPORTED or any(w[0].dtype != w_ih.dtype for w in weights):
+        if (p.compute, p.state) not in _SUPPORTED:
             return None
-        flat = [w for layer_weights in weights for w in layer_weights]
         x = compute_input(x, w_ih, p)
-        if _graph(x, *states, *flat) == _FUNCTION:
+        flat = _stack_weights(weights, x, *states)
+        if flat is None:
             return None
         ext = get_ext()
         run, c0 = (ext.lstm_stack, states[1]) if cell == "lstm" else (ext.gru_stack, None)
@@ -203,10 +215,8 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         declines too: where the call needs the Python Function (see :func:`_graph`), or
         where the layers' weights are of several dtypes (parametrized ones: the per-layer
         path converts between them)."""
-        if any(w[0].dtype != x.dtype for w in weights):
-            return None
-        flat = [w for layer_weights in weights for w in layer_weights]
-        if _graph(x, h0, c0, *flat) == _FUNCTION:
+        flat = _stack_weights(weights, x, h0, c0)
+        if flat is None:
             return None
         out, *finals = getattr(get_ext(), f"{cell}_padded")(x, h0, c0, flat, num_layers, num_directions)
         return out, finals
