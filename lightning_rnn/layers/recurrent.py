@@ -158,6 +158,17 @@ class FusedRNNBase(nn.Module):
     def _flat_weights(self) -> list[torch.Tensor]:
         return self.flat_weights()
 
+    @_flat_weights.setter
+    def _flat_weights(self, weights) -> None:
+        """What torch.nn's weight-replacing code (weight drop, ...) assigns after swapping
+        weights: each entry is set as its attribute (the forward reads the attributes)."""
+        names, weights = self._flat_weights_names, list(weights)
+        if len(weights) != len(names):
+            raise ValueError(f"_flat_weights: expected {len(names)} tensors ({', '.join(names)}), got {len(weights)}")
+        for name, w in zip(names, weights):
+            if getattr(self, name, None) is not w:
+                setattr(self, name, w)
+
     @property
     def _all_weights(self) -> list[list[str]]:
         kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if self.bias else ())
@@ -377,10 +388,11 @@ class FusedRNNBase(nn.Module):
     # ----- validation ---------------------------------------------------------------
     def _checked_weights(self) -> list[tuple]:
         """Every layer-direction's weights as :meth:`layer_weights` gives them, read once per
-        forward (a parametrized weight is evaluated once), and checked: every weight in
-        torch.nn's shape, in one dtype and on one device, so that a replaced parameter of
-        another shape or dtype is named here, not in a kernel. Parametrized weights
-        (weight_norm, ...) and weights that are no longer parameters are left to the kernels."""
+        forward (a parametrized weight is evaluated once), and checked: every weight a
+        tensor in torch.nn's shape, so that a replaced weight of another shape (a parameter,
+        a parametrization's result or a plain tensor) is named here, not in a kernel; the
+        parameters in one dtype and on one device (a parametrization may give a layer
+        another dtype: the per-layer path converts between layers)."""
         params, reference, layers = self._parameters, None, []
         for layout in self._weight_layout():
             weights = []
@@ -390,14 +402,16 @@ class FusedRNNBase(nn.Module):
                     continue
                 name, shape = entry
                 w = params.get(name)
-                if w is None:  # parametrized (this evaluates it), or replaced by another attribute
-                    weights.append(getattr(self, name))
-                    continue
+                is_parameter = w is not None
+                if not is_parameter:  # parametrized (this evaluates it), or replaced by another attribute
+                    w = getattr(self, name, None)
+                    if not isinstance(w, torch.Tensor):
+                        raise TypeError(f"{name}: expected a tensor of shape {tuple(shape)}, got {_describe(w)}")
                 if w.shape != shape:
                     raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(w.shape)}")
-                if reference is None:
+                if is_parameter and reference is None:
                     reference = name, w
-                elif w.dtype != reference[1].dtype or w.device != reference[1].device:
+                elif is_parameter and (w.dtype != reference[1].dtype or w.device != reference[1].device):
                     raise ValueError(f"{name}: expected {reference[1].dtype} on {reference[1].device} like "
                                      f"{reference[0]}, got {w.dtype} on {w.device}")
                 weights.append(w)
@@ -427,9 +441,9 @@ class FusedRNNBase(nn.Module):
         return self._weight_layout_cache
 
     def _check_input_matches_weights(self, x: torch.Tensor) -> None:
-        """Input and weights on one device, in one dtype (but under autocast): a ValueError,
-        as torch.nn raises for a dtype mismatch (a device mismatch is also a RuntimeError,
-        as there)."""
+        """Input and weights on one device, in one dtype (but under autocast), or an
+        InputMismatchError: the ValueError torch.nn raises for the dtype, the RuntimeError
+        for the device."""
         w = self._parameters.get("weight_ih_l0")
         if w is None and parametrize.is_parametrized(self, "weight_ih_l0"):
             w = self.parametrizations.weight_ih_l0.original  # its stored tensor: evaluating costs a call
@@ -438,7 +452,7 @@ class FusedRNNBase(nn.Module):
         if x.device != w.device:
             raise InputMismatchError(f"input: expected a tensor on {w.device} like the layer's weights, got {x.device}")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(
+            raise InputMismatchError(
                 f"input: dtype {x.dtype} does not match the layer's weights ({w.dtype}); "
                 f"convert the input or the layer (e.g. layer.to({x.dtype}))"
             )
@@ -470,7 +484,7 @@ class FusedRNNBase(nn.Module):
             if s.device != x.device:
                 raise InputMismatchError(f"hx: expected {label} on {x.device}, got {s.device}")
             if s.dtype != x.dtype and not torch.is_autocast_enabled(s.device.type):
-                raise TypeError(f"hx: expected {label} of dtype {x.dtype} like the input, got {s.dtype}")
+                raise InputMismatchError(f"hx: expected {label} of dtype {x.dtype} like the input, got {s.dtype}")
             states.append(s.unsqueeze(1) if batch.unbatched else s)
         return states
 

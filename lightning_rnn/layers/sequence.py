@@ -14,11 +14,12 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 
-class InputMismatchError(ValueError, RuntimeError):
-    """An input or initial state whose shape or device does not fit the layer.
+class InputMismatchError(ValueError, TypeError, RuntimeError):
+    """An input or initial state whose shape, dtype or device does not fit the layer.
 
-    A ValueError naming the argument, like every other bad input here, and also the
-    RuntimeError torch.nn.LSTM/GRU raise in these cases, so code written against torch.nn
+    A ValueError naming the argument, like every other bad input here (a TypeError for a
+    wrong dtype), and also each exception torch.nn.LSTM/GRU raise in these cases (a
+    RuntimeError for most, a ValueError for others), so code written against torch.nn
     (``except RuntimeError``) catches it too.
     """
 
@@ -54,7 +55,7 @@ class SequenceBatch:
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a Tensor or PackedSequence, got {type(input).__name__}")
         if input.dim() not in (2, 3):
-            raise ValueError(
+            raise InputMismatchError(
                 f"input: expected a 3-D batched tensor ({'B, T' if batch_first else 'T, B'}, input_size) "
                 f"or a 2-D unbatched tensor (T, input_size), got shape {tuple(input.shape)}"
             )
@@ -65,7 +66,7 @@ class SequenceBatch:
             x = x.transpose(0, 1)
         T, B = x.shape[0], x.shape[1]
         if T == 0:
-            raise ValueError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
+            raise InputMismatchError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
         batch_sizes = torch.full((T,), B, dtype=torch.int64, device="cpu")  # not the default device: on the host
         return cls(x, batch_sizes, None, None, kind, B, T, batch_first and kind == "padded")
 
@@ -135,6 +136,6 @@ def _check_packed(input: PackedSequence) -> list[int]:
 
 def _check_features(x: torch.Tensor, input_size: int, name: str) -> None:
     if not x.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+        raise InputMismatchError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
     if x.shape[-1] != input_size:
         raise InputMismatchError(f"{name}: expected last dimension input_size={input_size}, got {x.shape[-1]} (shape {tuple(x.shape)})")

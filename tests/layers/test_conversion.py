@@ -85,6 +85,29 @@ def test_torch_nn_attributes(fused_class, torch_class, bias, config):
 
 
 @pytest.mark.parametrize("fused_class, torch_class, config", KINDS)
+def test_weight_drop_through_flat_weights_as_on_torch_nn(fused_class, torch_class, config):
+    """Weight drop as code written for torch.nn does it: the parameter moves aside, a
+    dropped copy takes its name, and ``_flat_weights`` is assigned anew. Same numbers."""
+    torch.manual_seed(0)
+    theirs = torch_class(**config, dtype=torch.float64)
+    ours = fused_class.from_torch(theirs)
+    x = torch.randn(5, 2, config["input_size"], dtype=torch.float64)
+    mask = (torch.rand_like(theirs.weight_hh_l0) > 0.5).double()
+    outputs = []
+    for module in (theirs, ours):
+        raw = module._parameters.pop("weight_hh_l0")
+        module.weight_hh_l0 = raw * mask
+        module._flat_weights = [getattr(module, n) for n in module._flat_weights_names]
+        out = module(x)[0]
+        out.sum().backward()
+        outputs.append((out, raw.grad))
+    torch.testing.assert_close(outputs[1], outputs[0])
+    assert (outputs[1][1] * (1 - mask)).abs().max() == 0  # dropped weights get no gradient
+    with pytest.raises(ValueError, match=f"_flat_weights: expected {len(ours._flat_weights_names)} tensors"):
+        ours._flat_weights = ours._flat_weights[:-1]
+
+
+@pytest.mark.parametrize("fused_class, torch_class, config", KINDS)
 def test_meta_device_gives_shapes(fused_class, torch_class, config):
     ours = fused_class(**config, device="meta")
     theirs = torch_class(**config, device="meta")

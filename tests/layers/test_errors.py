@@ -132,9 +132,33 @@ def test_shape_and_device_mismatches_are_also_torch_nn_runtime_errors(pair, call
     assert isinstance(caught.value, ValueError)
 
 
-def _states(nn_layer, layers: int, batch: int, device: str = "cpu"):
-    h = torch.zeros(layers, batch, 4, device=device)
-    return (h, torch.zeros(layers, batch, 4)) if isinstance(nn_layer, torch.nn.LSTM) else h
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda module: module(torch.ones(5, 2, 3, dtype=torch.long)),  # integer input
+        lambda module: module(torch.randn(0, 2, 3)),  # no time steps
+        lambda module: module(torch.randn(5, 2, 3, 1)),  # 4-D
+        lambda module: module(torch.randn(5, 2, 3, dtype=torch.float64)),  # input dtype != weights
+        lambda module: module(torch.randn(5, 2, 3), _states(module, 1, 2, dtype=torch.float64)),  # h_0 dtype
+    ],
+)
+@pytest.mark.parametrize("pair", [(FusedLSTM, torch.nn.LSTM), (FusedGRU, torch.nn.GRU)])
+def test_dtype_and_rank_errors_are_caught_as_torch_nn_errors(pair, call):
+    """Whatever exception torch.nn raises for a bad input (a ValueError for some, a
+    RuntimeError for others), ours is one too: an InputMismatchError naming the argument."""
+    layer, nn_layer = pair[0](3, 4), pair[1](3, 4)
+    with pytest.raises(Exception) as theirs:
+        call(nn_layer)
+    with pytest.raises(InputMismatchError, match=r"^(input|hx): ") as ours:
+        call(layer)
+    assert isinstance(ours.value, type(theirs.value)), (type(theirs.value), ours.value)
+
+
+def _states(nn_layer, layers: int, batch: int, device: str = "cpu", dtype=torch.float32):
+    h = torch.zeros(layers, batch, 4, device=device, dtype=dtype)
+    if isinstance(nn_layer, (torch.nn.LSTM, FusedLSTM)):
+        return h, torch.zeros(layers, batch, 4, dtype=dtype)
+    return h
 
 
 def test_gru_given_lstm_state():
@@ -210,6 +234,25 @@ def test_a_replaced_weight_of_the_wrong_shape_or_dtype_is_named(backend):
     with pytest.raises(ValueError, match="bias_hh_l1: expected torch.float64 on cpu like weight_ih_l0, got "
                                          "torch.float32 on cpu"):
         layer(x)
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_a_weight_that_is_no_longer_a_parameter_is_checked_too(backend):
+    """A plain tensor (what weight drop puts in a parameter's place) of the wrong shape is
+    named under its own name, not as the kernel argument it lands in; a missing one too."""
+    layer = FusedLSTM(3, 5, proj_size=2, backend=backend)
+    del layer._parameters["weight_hr_l0"]
+    layer.weight_hr_l0 = torch.randn(2, 4)
+    with pytest.raises(ValueError, match=r"weight_hr_l0: expected shape \(2, 5\), got \(2, 4\)"):
+        layer(torch.randn(4, 2, 3))
+    layer = FusedGRU(3, 5, backend=backend)
+    del layer._parameters["weight_hh_l0"]
+    layer.weight_hh_l0 = torch.randn(100)
+    with pytest.raises(ValueError, match=r"weight_hh_l0: expected shape \(15, 5\), got \(100,\)"):
+        layer(torch.randn(4, 2, 3))
+    layer.weight_hh_l0 = None
+    with pytest.raises(TypeError, match=r"weight_hh_l0: expected a tensor of shape \(15, 5\), got NoneType"):
+        layer(torch.randn(4, 2, 3))
 
 
 @pytest.mark.parametrize("backend, chunk", [
