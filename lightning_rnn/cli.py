@@ -107,10 +107,17 @@ def route_lightning_logs_through_hydra() -> None:
 UPSTREAM_DEPRECATIONS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
 
 
+#: Lightning's warning for any IterableDataset with a length, that workers might repeat
+#: items: the character streams (lightning_rnn.data.streams) give each worker its own batches.
+STREAM_LENGTH_WARNING = r"Your `IterableDataset` has `__len__` defined"
+
+
 def quiet_upstream_deprecations() -> None:
-    """Hide UPSTREAM_DEPRECATIONS in the CLI's runs (not when the package is imported)."""
+    """Hide UPSTREAM_DEPRECATIONS and STREAM_LENGTH_WARNING in the CLI's runs (not when the
+    package is imported)."""
     for message in UPSTREAM_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=STREAM_LENGTH_WARNING)
 
 
 #: Overrides that compose Hydra's Optuna sweeper, a plugin of its own package.

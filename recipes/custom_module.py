@@ -6,10 +6,11 @@ optimization, metrics, logging). Run it as a script:
 
     python recipes/custom_module.py --epochs 5
 
-or train it from the CLI with the classification recipe (from this directory, so that
-Hydra can import the module):
+or train it from the CLI with the classification recipe, from the repository root with
+this directory on the import path (run from recipes/, the CLI would write its outputs/
+into recipes/, which the configs see as conf/experiment/):
 
-    cd recipes && python -m lightning_rnn experiment=classification \
+    PYTHONPATH=recipes python -m lightning_rnn experiment=classification \
         model._target_=custom_module.AttentionPoolingClassifier
 """
 from __future__ import annotations

@@ -397,7 +397,7 @@ class RNNModule(LightningModule):
                 raise ValueError(
                     f"Trainer({flag}={value!r}): {type(self).__name__} optimizes manually (truncated BPTT, "
                     f"stateful training), so Lightning cannot apply it; pass {argument}={value!r} to the "
-                    f"module instead (Trainer({flag}) unset)"
+                    f"module instead (model.{argument}={value!r} on the command line; Trainer({flag}) unset)"
                 )
         if any(isinstance(c, GradientAccumulationScheduler) for c in self.trainer.callbacks):
             raise ValueError(

@@ -329,7 +329,8 @@ def test_train_loss_is_the_batchs_mean_over_its_chunks_weighted_by_their_steps()
 def test_trainer_flags_of_automatic_optimization_name_the_module_argument(flag, value, argument):
     trainer = tiny_trainer(max_epochs=1, **{flag: value})
     with pytest.raises(ValueError, match=rf"Trainer\({flag}={value}\): CharLanguageModel optimizes manually.*"
-                                         rf"pass {argument} to the module"):
+                                         rf"pass {argument} to the module instead \(model\.{argument} on the "
+                                         rf"command line"):
         trainer.fit(char_lm(), batches_loader(token_batches(1)))
 
 
