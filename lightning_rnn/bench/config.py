@@ -283,6 +283,7 @@ class BenchConfig:
     out_dir: str | None = None  # None: <hydra run dir>/bench under Hydra, else ./bench_results
     plots: bool = True
     table: str = "auto"  # how to print tables: auto (rich if installed), rich, plain, none
+    note: str | None = None  # a line printed first and put in every table's header
 
     def __post_init__(self):
         self.grid = _section(GridConfig, "bench.grid", self.grid)
@@ -308,6 +309,8 @@ class BenchConfig:
         self.plots = _bool("bench.plots", self.plots)
         if self.table not in ("auto", "rich", "plain", "none"):
             raise ValueError(f"bench.table: expected one of auto, rich, plain, none, got {self.table!r}")
+        if self.note is not None and not isinstance(self.note, str):
+            raise ValueError(f"bench.note: expected a string or null, got {self.note!r}")
 
     @classmethod
     def from_any(cls, cfg: "BenchConfig | Mapping | None" = None) -> "BenchConfig":

@@ -151,7 +151,8 @@ def output_dir(configured: str | os.PathLike | None) -> Path:
 
 def environment(cfg: BenchConfig, threads: int) -> list[str]:
     """Lines describing the run: when, where, with what."""
-    lines = [
+    lines = [f"note: {cfg.note}"] if cfg.note else []
+    lines += [
         f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"torch {torch.__version__}, python {sys.version.split()[0]}, {platform.machine()}",
         f"device: {cfg.device} ({_device_name(cfg.device)}), torch threads: {threads}",

@@ -173,6 +173,15 @@ def test_threads_fixed_for_the_run_and_restored(run):
     assert torch.get_num_threads() == threads_before
 
 
+def test_the_smoke_preset_says_its_ratios_mean_nothing(run):
+    """Printed first and in every table's header: a first look at the smoke run's ratios
+    (an 'alone' ratio of 20x or 0.004x) is no measurement."""
+    _, result, lines, _ = run
+    assert lines[0].startswith("note: smoke preset:") and "mean anything" in lines[0]
+    assert (result.out_dir / "grid.md").read_text().count(lines[0]) == 1
+    assert load_preset("full").note is None
+
+
 def test_replot_redraws_from_the_csvs(run):
     from lightning_rnn.bench.harness import replot
     from lightning_rnn.bench.report import read_csv
