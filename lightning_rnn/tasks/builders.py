@@ -10,6 +10,8 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
+from ..kernels import dispatch
+from ..layers import FusedRNNBase
 from ..modules import factories
 
 
@@ -139,3 +141,18 @@ def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Tra
     for logger in trainer.loggers:
         logger.log_hyperparams(resolved)
     return trainer
+
+
+def check_layer_backends(model: LightningModule, trainer: Trainer) -> None:
+    """Every fused layer's kernel backend runs on the Trainer's device and loads (the cpp
+    extension builds now): a ValueError or BackendUnavailable naming it before the run
+    starts, not at the first batch, after the model summary."""
+    device = trainer.strategy.root_device
+    for name, module in model.named_modules():
+        backend = module.backend if isinstance(module, FusedRNNBase) else None
+        if backend not in dispatch.KERNEL_BACKENDS or backend == "reference":
+            continue
+        if backend not in dispatch.PREFERENCE.get(device.type, ()):
+            raise ValueError(f"model.{name}.backend: {backend!r} does not run on the Trainer's {device.type} device "
+                             "(the cuda backend needs trainer=gpu, cpp a CPU; backend=auto picks the device's)")
+        dispatch.load(backend)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .builders import build_datamodule, build_trainer, check_model_matches_data, load_model
+from .builders import build_datamodule, build_trainer, check_layer_backends, check_model_matches_data, load_model
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -11,5 +11,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     model = load_model(cfg)
     datamodule = build_datamodule(cfg)
     check_model_matches_data(model, datamodule)
-    (metrics,) = build_trainer(cfg, loaded=model).test(model, datamodule=datamodule)
+    trainer = build_trainer(cfg, loaded=model)
+    check_layer_backends(model, trainer)
+    (metrics,) = trainer.test(model, datamodule=datamodule)
     return metrics

@@ -6,7 +6,9 @@ import logging
 from lightning.pytorch import seed_everything
 from omegaconf import DictConfig
 
-from .builders import build_datamodule, build_model, build_trainer, check_checkpoint_file, check_checkpoint_fits
+from .builders import (
+    build_datamodule, build_model, build_trainer, check_checkpoint_file, check_checkpoint_fits, check_layer_backends,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,7 @@ def run(cfg: DictConfig) -> float | None:
     if checkpoint is not None:  # resuming: the same model and data settings
         check_checkpoint_fits(checkpoint, model)
     trainer = build_trainer(cfg)
+    check_layer_backends(model, trainer)
     if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
         datamodule.trainer = trainer  # the batch it needs: one per process (DDP), as in the test run
         datamodule.test_dataloader()

@@ -158,6 +158,21 @@ def save_untrained_checkpoint(cfg, path):
     return path
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_backend_of_another_device_is_refused_before_the_run(tmp_path, monkeypatch):
+    """backend=cuda with the Trainer on a CPU: one error naming the setting before anything
+    runs (it failed at the first batch, after the model summary and a progress bar)."""
+    started = []
+    monkeypatch.setattr(Trainer, "fit", lambda *args, **kwargs: started.append(1))
+    small = ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4", "data.seq_len=8",
+             "logger=none", "callbacks=none"]
+    with pytest.raises(ValueError, match=r"^model\.rnn\.backend: 'cuda' does not run on the Trainer's cpu device"):
+        train.run(compose_config(tmp_path, [*small, "model.rnn.backend=cuda"]))
+    assert not started
+    train.run(compose_config(tmp_path, [*small, "model.rnn.backend=reference"]))
+    assert started
+
+
 def test_checkpoint_tasks_run_the_layers_on_the_configured_backend(tmp_path, capsys):
     """The kernel backend is how to run the weights, not part of them: a checkpoint trained
     with backend=cuda samples on a CPU with model.rnn.backend=reference (the override was
