@@ -74,3 +74,13 @@ def test_ddp_on_two_cpu_processes_matches_one_process(one_process_run, ddp_run, 
     assert sorted(two) == sorted(one) and len(one) == logged
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5)
+
+
+def test_help_says_what_the_command_does(tmp_path):
+    """--help opens with the command's own usage (it said "cli is powered by Hydra."), then
+    Hydra's lists of config groups and the config."""
+    output = run_cli(["--help"], tmp_path).stdout
+    assert output.startswith("python -m lightning_rnn [group=option ...] [key=value ...]\nTrains a recurrent model")
+    assert "powered by Hydra" not in output
+    assert "experiment: adding_problem, char_python" in output and "== Config ==" in output
+    assert not (tmp_path / "outputs").exists()  # help runs nothing
