@@ -91,7 +91,8 @@ def route_lightning_logs_through_hydra() -> None:
     """Send Lightning's log lines only through the handlers Hydra configured (the console
     and ``cli.log``). ``import lightning`` gives its package logger a console handler of
     its own that also propagates to the root logger, so inside a Hydra run every Lightning
-    message was printed twice. Outside the CLI (no root handlers) nothing changes."""
+    message was printed twice. LIGHTNING_CHATTER is left out. Outside the CLI (no root
+    handlers) nothing changes."""
     if not logging.getLogger().handlers or "lightning" not in sys.modules:
         return
     for name in LIGHTNING_LOGGERS:
@@ -100,6 +101,18 @@ def route_lightning_logs_through_hydra() -> None:
             if type(handler) is logging.StreamHandler:  # Lightning's console handler, not a file handler
                 logger.removeHandler(handler)
         logger.propagate = True
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _not_chatter not in rank_zero.filters:
+        rank_zero.addFilter(_not_chatter)
+
+
+#: Lightning's info lines that say nothing about the run: its tips (other services to
+#: install) and that the configs' RichModelSummary replaces its default summary.
+LIGHTNING_CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+
+
+def _not_chatter(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_CHATTER)
 
 
 #: Deprecation warnings that Lightning's own code raises from torch, which a user of the

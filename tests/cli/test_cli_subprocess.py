@@ -55,6 +55,8 @@ def test_the_run_prints_no_deprecation_that_lightning_raises_from_torch(one_proc
     assert "final metrics:" in output  # the run's own report is there
     assert "LeafSpec" not in output
     assert "IterableDataset" not in output
+    assert "Tip:" not in output  # Lightning's suggestions of other services
+    assert "Skipping setting a default" not in output  # the configs bring their own model summary
 
 
 def test_sample_prints_only_the_generated_text(one_process_run, tmp_path):
