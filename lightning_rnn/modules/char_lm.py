@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..data.vocab import CharVocab
 from ..layers import TemporalAdapter
-from ..utils.checks import check_seed
+from ..utils.checks import check_int, check_seed
 from .rnn_module import RNNModule
 from .sampling import check_length, check_sampling_arguments, plain_number, sample_next
 from .text_logging import log_text_samples
@@ -46,7 +46,11 @@ class CharLanguageModel(RNNModule):
         # checked now, not when the first validation samples (after a whole training interval)
         check_length(val_sample_length, "val_sample_length")
         check_sampling_arguments(val_sample_temperature, None, "val_sample_temperature")
+        check_int("embedding_dim", embedding_dim, 1)  # named here: the rnn would call it input_size
         super().__init__(input_size=embedding_dim, **kwargs)
+        if self.num_directions == 2:
+            raise ValueError("rnn: a language model reads left to right; a bidirectional rnn's reverse direction "
+                             "would read the characters it is to predict (use a unidirectional rnn)")
         self.vocab = CharVocab(vocab)
         self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
         self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
@@ -81,6 +85,9 @@ class CharLanguageModel(RNNModule):
 
     def compute_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         """Mean cross-entropy per character, in nats."""
+        if isinstance(logits, PackedSequence):
+            raise ValueError("lengths: CharLanguageModel trains on fixed-length character streams, batches of "
+                             "(B, T) inputs and targets without 'lengths' (nor packed by PackedSequences)")
         return F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
 
     def loss_weight(self, batch: dict) -> int:
@@ -109,20 +116,22 @@ class CharLanguageModel(RNNModule):
             generator.seed()
         else:
             generator.manual_seed(seed)
-        was_training = self.training
-        self.eval()
         if start_text:
             prefix = self.vocab.encode(start_text, name="start_text").to(self.device)
         else:
             prefix = torch.randint(len(self.vocab), (1,), generator=generator, device=self.device)
             start_text, length = self.vocab.decode(prefix), length - 1
-        logits, state = self(prefix.view(1, -1))  # (1, T, V)
-        generated = []
-        for _ in range(length):
-            next_id = sample_next(logits[:, -1], temperature, top_k, generator)  # (1,)
-            generated.append(next_id)
-            logits, state = self(next_id.view(1, 1), state)
-        self.train(was_training)
+        was_training = self.training
+        self.eval()
+        try:
+            logits, state = self(prefix.view(1, -1))  # (1, T, V)
+            generated = []
+            for _ in range(length):
+                next_id = sample_next(logits[:, -1], temperature, top_k, generator)  # (1,)
+                generated.append(next_id)
+                logits, state = self(next_id.view(1, 1), state)
+        finally:
+            self.train(was_training)
         return start_text + (self.vocab.decode(torch.cat(generated)) if generated else "")
 
     def on_validation_epoch_end(self) -> None:

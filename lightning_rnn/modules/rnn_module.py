@@ -206,6 +206,8 @@ class RNNModule(LightningModule):
             raise ValueError(f"accumulate_grad_batches: expected an int >= 1, got {accumulate_grad_batches!r}")
         if not callable(optimizer):
             raise TypeError(f"optimizer: expected a factory optimizer(params), got {optimizer!r}")
+        if scheduler is not None and not callable(scheduler):
+            raise TypeError(f"scheduler: expected None or a factory scheduler(optimizer), got {scheduler!r}")
         self.save_hyperparameters()  # the subclass's too
         # What the most derived class's constructor itself was given: the checkpoint keeps only
         # these, so load_from_checkpoint calls it as the user did (see on_save_checkpoint).
@@ -216,6 +218,10 @@ class RNNModule(LightningModule):
         self.rnn = build_rnn(rnn, input_size)
         self.input_layer: nn.Module = nn.Identity()
         self.num_directions = 2 if getattr(self.rnn, "bidirectional", False) else 1
+        carries = [name for name, on in (("stateful", stateful), ("tbptt_steps", tbptt_steps)) if on]
+        if self.num_directions == 2 and carries:
+            raise ValueError(f"{carries[0]}: carries the state forward in time, which a bidirectional rnn's reverse "
+                             "direction does not run in (use a unidirectional rnn)")
         self.rnn_output_size = rnn_output_size(self.rnn)
         collection = self.build_metrics()
         for stage in STAGES:  # attributes train_mean_loss, val_metrics, ...
@@ -490,10 +496,29 @@ class RNNModule(LightningModule):
         resuming = trainer is not None and trainer.state.fn == "fit"
         self._training_state_to_load = checkpoint.get(self.TRAINING_STATE_KEY) if resuming else None
 
+    def _check_lr_search(self) -> None:
+        """Lightning's learning-rate finder records a loss per batch and raises the rate at
+        every optimizer step, which it assumes comes every ``Trainer(accumulate_grad_batches)``
+        batches (1 here): with the module's own accumulation each rate would repeat and the
+        suggestion would mean nothing."""
+        searching = any(type(c).__name__ == "_LRCallback" for c in self.trainer.callbacks)
+        if searching and self.hparams.accumulate_grad_batches > 1:
+            raise ValueError(
+                f"accumulate_grad_batches={self.hparams.accumulate_grad_batches}: Lightning's lr_find raises the "
+                "learning rate at every optimizer step but records every batch, so with the module's own "
+                "accumulation its suggestion means nothing; search with accumulate_grad_batches=1"
+            )
+
     def _load_training_state(self) -> None:
-        """Puts back what :meth:`_training_state` saved (see :meth:`on_load_checkpoint`)."""
+        """Puts back what :meth:`_training_state` saved (see :meth:`on_load_checkpoint`); a
+        fit that resumes nothing starts with no gradients of an earlier, unfinished
+        accumulation cycle (an interrupted fit's, or lr_find's, whose end Lightning rewinds
+        but for them)."""
         state, self._training_state_to_load = self._training_state_to_load, None
         if not state:
+            self._backwards_since_step = 0
+            for p in self.parameters():
+                p.grad = None
             return
         gradients = state.get("gradients", {})
         for name, p in self.named_parameters():
@@ -520,10 +545,11 @@ class RNNModule(LightningModule):
 
         Checkpoints hold the ``rnn``, ``optimizer`` and ``scheduler`` factories as plain
         data (see :mod:`~lightning_rnn.modules.factories`), so they load with torch's
-        ``weights_only`` loader. A factory with no such description (a lambda, a closure)
-        is pickled as it is; such a checkpoint, like those written before factories were
-        described, needs ``weights_only=False``, as any pickle: load only checkpoints you
-        trust. ``weights_only=None`` is torch's default, True since torch 2.6, and True here
+        ``weights_only`` loader. A factory with no such description that pickles (one
+        holding a tensor, say) is pickled as it is; such a checkpoint, like those written
+        before factories were described, needs ``weights_only=False``, as any pickle: load
+        only checkpoints you trust. One that does not pickle (a lambda, a closure) Lightning
+        leaves out of the checkpoint: pass it again (``optimizer=...``) to load. ``weights_only=None`` is torch's default, True since torch 2.6, and True here
         on older torch too (whose default, False, unpickles anything).
         Arguments in ``kwargs`` override those in the checkpoint, as in Lightning.
         """
@@ -678,6 +704,7 @@ class RNNModule(LightningModule):
 
     def on_train_start(self) -> None:
         self._epoch_ending = self.trainer.current_epoch  # a resumed epoch has no on_train_epoch_start
+        self._check_lr_search()
         self._load_training_state()
         if self.hparams.stateful and _shuffles(self.trainer.train_dataloader):
             rank_zero_warn(

@@ -50,6 +50,41 @@ def test_sample_rejects_bad_arguments(model, arguments, message):
         model.sample(**{"start_text": "a", "length": 5, **arguments})
 
 
+def test_a_refused_sample_leaves_the_training_mode_as_it_was(model):
+    """sample() switched to eval mode before it read start_text: a caller that caught the
+    error trained on with dropout off."""
+    model.train()
+    with pytest.raises(ValueError, match="start_text"):
+        model.sample("abz", 10)
+    with pytest.raises(TypeError, match="start_text"):
+        model.sample(["ab", "cd"], 10)
+    assert model.training
+    model.sample("ab", 3)
+    assert model.training
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(rnn=rnn_factory(bidirectional=True)), ValueError,
+     "rnn: a language model reads left to right; a bidirectional rnn's reverse direction would read"),
+    (dict(embedding_dim=-1), ValueError, "embedding_dim: expected an int >= 1, got -1"),  # was named input_size
+    (dict(scheduler="cosine"), TypeError, "scheduler: expected None or a factory scheduler"),  # failed at fit
+])
+def test_bad_model_settings_are_named_at_construction(arguments, error, message):
+    """A bidirectional encoder read the very characters it was to predict: val/loss 0.36 on
+    i.i.d. uniform tokens of entropy 1.61."""
+    with pytest.raises(error, match=message):
+        CharLanguageModel(vocab=VOCAB, **{"rnn": rnn_factory(), "optimizer": adam(), **arguments})
+
+
+def test_batches_with_lengths_are_named(model):
+    """Packed by the batch's lengths, the logits reached the loss as a PackedSequence (an
+    AttributeError inside cross_entropy's call)."""
+    batch = {"inputs": torch.randint(0, 5, (3, 6)), "targets": torch.randint(0, 5, (3, 6)),
+             "lengths": torch.tensor([6, 4, 2])}
+    with pytest.raises(ValueError, match="lengths: CharLanguageModel trains on fixed-length character streams"):
+        model.shared_step(batch, "train")
+
+
 def test_sample_takes_numpy_and_tensor_numbers(model):
     np = pytest.importorskip("numpy")
     expected = model.sample("a", 10, temperature=0.5, top_k=3, seed=2)

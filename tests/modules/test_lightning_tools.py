@@ -39,6 +39,38 @@ def test_lr_find_records_the_losses_and_sets_its_suggestion(tmp_path):
     assert finder.suggestion() is not None and model.lr == pytest.approx(finder.suggestion())
 
 
+def test_lr_find_with_the_module_s_accumulation_is_an_error():
+    """The finder raises the rate at each optimizer step but records every batch: with the
+    module's accumulate_grad_batches=4 each rate was recorded 4 times and the suggestion
+    (taken where the slope is steepest) set model.lr to ~1e-7."""
+    model = char_lm(accumulate_grad_batches=4)
+    trainer = tiny_trainer(max_epochs=1)
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=4: Lightning's lr_find .* search with "
+                                         r"accumulate_grad_batches=1"):
+        Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(30)), num_training=20)
+    tiny_trainer(max_epochs=1).fit(model, batches_loader(seeded_batches(4)))  # a fit is fine
+
+
+def test_a_fit_after_an_unfinished_one_starts_from_no_gradients():
+    """A fit that stopped inside an accumulation cycle (an exception; lr_find with the
+    module's accumulation, before that was refused) left gradients and the module's count
+    of backward passes, and the next fit stepped early with them. It now matches a fresh
+    model's fit."""
+    def fitted(search: bool):
+        torch.manual_seed(0)
+        model = char_lm(optimizer=functools.partial(torch.optim.SGD, lr=0.1), tbptt_steps=3,
+                        accumulate_grad_batches=2)
+        if search:
+            model._backwards_since_step = 1  # as a search ending mid-cycle leaves it
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+        tiny_trainer(max_epochs=1).fit(model, batches_loader(seeded_batches(3)))
+        return [p.detach().clone() for p in model.parameters()]
+
+    for after, fresh in zip(fitted(True), fitted(False)):
+        assert torch.equal(after, fresh)
+
+
 class FreezeThenUnfreeze(BaseFinetuning):
     def freeze_before_training(self, module):
         self.freeze(module.rnn)

@@ -272,6 +272,9 @@ def test_split_batch_requires_equal_lengths():
     ({"grad_clip_algorithm": "l2"}, ValueError, "grad_clip_algorithm"),
     ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches"),
     ({"optimizer": "adam"}, TypeError, "optimizer"),
+    ({"rnn": rnn_factory(bidirectional=True), "stateful": True}, ValueError,
+     "stateful: carries the state forward in time, which a bidirectional"),
+    ({"rnn": rnn_factory(bidirectional=True), "tbptt_steps": 4}, ValueError, "tbptt_steps: carries the state"),
 ])
 def test_bad_arguments_are_named(kwargs, error, message):
     with pytest.raises(error, match=message):
