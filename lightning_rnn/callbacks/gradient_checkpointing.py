@@ -46,9 +46,7 @@ class GradientCheckpointing(Callback):
     """
 
     def __init__(self, chunk_size: int | str = "sqrt", modules: list[str] | tuple[str, ...] = ()):
-        if chunk_size is None:
-            raise ValueError("chunk_size: expected 'sqrt' or an int >= 1, got None")
-        self.chunk_size = check_chunk_size(chunk_size, "chunk_size")
+        self.chunk_size = check_chunk_size(chunk_size, "chunk_size", optional=False)
         if isinstance(modules, str) or not isinstance(modules, Sequence) or not all(isinstance(m, str) for m in modules):
             raise TypeError(f"modules: expected a list of submodule names, got {modules!r}")
         if len(set(modules)) != len(modules):

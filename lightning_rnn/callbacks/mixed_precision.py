@@ -91,6 +91,10 @@ class MixedPrecision(Callback):
         if growth_interval is not None and (isinstance(growth_interval, bool) or not isinstance(growth_interval, int)
                                             or growth_interval < 1):
             raise ValueError(f"growth_interval: expected None or an int >= 1, got {growth_interval!r}")
+        given = [name for name, value in (("init_scale", init_scale), ("growth_interval", growth_interval))
+                 if value is not None]
+        if dtype != "fp16" and given:  # bf16 has fp32's range: no loss scaling, nothing to set
+            raise ValueError(f"{given[0]}: sets fp16's loss scaling; {dtype!r} has none (leave it None)")
         self.dtype = dtype
         self.torch_dtype, self.lightning_precision = DTYPES[dtype]
         self.init_scale, self.growth_interval = init_scale, growth_interval

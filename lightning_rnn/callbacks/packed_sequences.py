@@ -56,13 +56,17 @@ def dataset_lengths(dataset, key: str, lengths_key: str = "lengths") -> torch.Te
     try:
         items = (dataset[i] for i in range(len(dataset)))
         lengths = [int(item[lengths_key]) if lengths_key in item else len(item[key]) for item in items]
-    except (TypeError, KeyError, IndexError) as err:
+    except (TypeError, KeyError, IndexError, RuntimeError) as err:  # RuntimeError: `key in tensor`
         raise TypeError(
             f"PackedSequences: cannot read the sequence lengths of {type(dataset).__name__}'s items ({err!r}); "
             f"give the dataset a `lengths` attribute (one int per item) or make its items dicts with "
             f"{key!r} (T, ...) and optionally {lengths_key!r}"
         ) from err
     return torch.as_tensor(lengths, dtype=torch.long)
+
+
+#: DataLoader settings of newer torch versions than the oldest supported (in_order: 2.6).
+_NEWER_LOADER_SETTINGS = ("pin_memory_device", "in_order")
 
 
 class PackedSequences(Callback):
@@ -127,11 +131,12 @@ class PackedSequences(Callback):
             generator=loader.generator,
         )
         resumable = isinstance(loader, ResumableLoader)
+        newer = {key: getattr(loader, key) for key in _NEWER_LOADER_SETTINGS if hasattr(loader, key)}
         return (ResumableLoader if resumable else DataLoader)(
             loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-            prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+            prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers, **newer,
             **(dict(batches_done=loader.batches_done, epoch=loader.epoch, seed=loader.seed) if resumable else {}),
         )
 
@@ -165,7 +170,7 @@ class PackedSequences(Callback):
     # ----- batches ------------------------------------------------------------------
     def pack(self, trainer: Trainer, batch: dict) -> tuple[int, int]:
         """Pack ``batch``'s ``pack_keys`` in place; returns (real tokens, padded tokens)."""
-        if not isinstance(batch, dict) or self.lengths_key not in batch:
+        if not isinstance(batch, dict) or self.lengths_key not in batch or self.inputs_key not in batch:
             raise TypeError(
                 f"PackedSequences: expected dict batches with {self.inputs_key!r} (B, T, ...) and "
                 f"{self.lengths_key!r} (B,), got {type(batch).__name__}"

@@ -57,12 +57,13 @@ from ..kernels.steps import Steps
 Span = Callable[..., tuple]
 
 
-def check_chunk_size(value, name: str = "checkpoint_chunk_size"):
-    """None (off), "sqrt" or an int >= 1; anything else is a ValueError naming ``name``."""
-    if value is None or value == "sqrt":
+def check_chunk_size(value, name: str = "checkpoint_chunk_size", optional: bool = True):
+    """None (off, where ``optional``), "sqrt" or an int >= 1; anything else is a ValueError
+    naming ``name``."""
+    if (value is None and optional) or value == "sqrt":
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: expected None, 'sqrt' or an int >= 1, got {value!r}")
+        raise ValueError(f"{name}: expected {'None, ' if optional else ''}'sqrt' or an int >= 1, got {value!r}")
     return int(value)  # a numpy int as torch.nn-style sizes are taken
 
 

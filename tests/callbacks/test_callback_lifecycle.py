@@ -101,6 +101,8 @@ def test_dataset_lengths_read_padded_items_and_name_what_is_missing():
     assert dataset_lengths(padded, "inputs").tolist() == [3, 9, 5]
     with pytest.raises(TypeError, match="cannot read the sequence lengths of list's items .* `lengths` attribute"):
         dataset_lengths([(torch.zeros(3, 2), 0)], "inputs")
+    with pytest.raises(TypeError, match="cannot read the sequence lengths of list's items"):
+        dataset_lengths([torch.zeros(3, 2), torch.zeros(5, 2)], "inputs")  # was torch's `in` RuntimeError
 
     class Stream(IterableDataset):
         def __iter__(self):

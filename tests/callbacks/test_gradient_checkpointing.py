@@ -28,7 +28,7 @@ def test_same_training_and_less_activation_memory():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(chunk_size=0), ValueError, r"chunk_size: expected None, 'sqrt' or an int >= 1, got 0"),
+    (dict(chunk_size=0), ValueError, r"chunk_size: expected 'sqrt' or an int >= 1, got 0"),  # None is refused
     (dict(chunk_size=None), ValueError, "chunk_size: expected 'sqrt' or an int >= 1, got None"),
     (dict(chunk_size="half"), ValueError, "chunk_size"),
     (dict(modules="head"), TypeError, "modules: expected a list"),

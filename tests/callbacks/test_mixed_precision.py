@@ -95,6 +95,8 @@ def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_setting
     (dict(init_scale=float("inf")), "init_scale: expected None or a finite number > 0, got inf"),  # never came down
     (dict(dtype=["bf16"]), r"dtype: expected one of 'bf16', 'fp16', got \['bf16'\]"),  # was 'unhashable type'
     (dict(growth_interval=0), "growth_interval: expected None or an int >= 1"),
+    (dict(init_scale=1024.0), "init_scale: sets fp16's loss scaling; 'bf16' has none"),  # was ignored
+    (dict(dtype="bf16", growth_interval=3), "growth_interval: sets fp16's loss scaling; 'bf16' has none"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

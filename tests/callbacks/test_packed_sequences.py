@@ -99,3 +99,17 @@ def test_bad_arguments_and_batches():
         list(LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(12)))
     with pytest.raises(TypeError, match="PackedSequences: expected dict batches with 'inputs'"):
         PackedSequences().pack(None, (torch.zeros(2, 3, 1), torch.tensor([3, 2])))
+    with pytest.raises(TypeError, match=r"expected dict batches with 'inputs' .* got dict with keys \['lengths', 'x'\]"):
+        PackedSequences().pack(None, {"x": torch.zeros(2, 3, 1), "lengths": torch.tensor([3, 2])})  # was KeyError
+
+
+def test_the_bucketed_loader_keeps_the_loader_s_settings():
+    from torch.utils.data import DataLoader
+
+    items = [{"inputs": torch.zeros(n, 1), "lengths": n} for n in range(1, 9)]
+    settings = dict(num_workers=2, pin_memory=True, pin_memory_device="cpu", in_order=False, timeout=5.0,
+                    prefetch_factor=3, persistent_workers=True)
+    settings = {k: v for k, v in settings.items() if k in DataLoader.__init__.__code__.co_varnames}
+    original = DataLoader(items, batch_size=4, shuffle=True, **settings)
+    copy = PackedSequences().bucketed(original)
+    assert {k: getattr(copy, k) for k in settings} == settings
