@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -97,3 +98,14 @@ class RNNDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """``Trainer.predict`` runs on the test split (in order)."""
         return self._dataloader("test")
+
+
+def read_text_file(path: str | Path, newline: str | None = None) -> str:
+    """The text of a data file: UTF-8, a leading byte-order mark (spreadsheets write one)
+    dropped, or a ValueError naming ``path``. ``newline`` as for ``open`` ("" keeps \\r\\n
+    for the csv module; None reads every line end as \\n)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline=newline) as f:
+            return f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"path: {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None

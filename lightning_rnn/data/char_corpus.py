@@ -5,7 +5,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from .base import RNNDataModule, check_positive_int, split_sizes
+from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
 from .corpora import BUILTIN_CORPORA, load_corpus, tiny_shakespeare_path
 from .streams import ContiguousStreams, StreamLoader, trainer_batches_done
 from .vocab import CharVocab
@@ -58,10 +58,7 @@ class CharCorpusDataModule(RNNDataModule):
     def read_text(self) -> str:
         if self.path is None:
             return load_corpus(self.corpus, self.cache_dir)
-        try:
-            text = Path(self.path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"path: {self.path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+        text = read_text_file(self.path)
         if not text:
             raise ValueError(f"path: {self.path} is empty")
         return text

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -11,7 +13,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, random_split
 
 from ..utils.checks import check_seed
-from .base import RNNDataModule, check_positive_int, split_sizes
+from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
 
 
 class SequenceListDataset(Dataset):
@@ -69,15 +71,18 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
     """
     if path.suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_text_file(path).splitlines(), start=1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ValueError(f"path: line {number} of {path.name} is not JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"path: line {number} of {path.name} is not a JSON object "
+                                     f'{{"sequence": [...], "label": ...}} (got {type(row).__name__})')
+                rows.append(row)
     elif path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(io.StringIO(read_text_file(path, newline=""), newline="")))
     else:
         raise ValueError(f"path: expected a .csv or .jsonl file, got {str(path)!r}")
     if not rows:
@@ -97,7 +102,13 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
                 f"path: record {line} of {path.name}: 'sequence' is not numbers, or lists of numbers of one "
                 f"length ({err})"
             ) from None
-        labels.append(row["label"])
+        label = row["label"]
+        if label is None or (isinstance(label, str) and not label.strip()):
+            raise ValueError(f"path: record {line} of {path.name} has no label")
+        labels.append(label_name(label))
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"path: record {line} of {path.name} has a value that is not a finite number "
+                             "(nan or inf) in its 'sequence'")
         if tensor.dim() == 1:
             tensor = tensor.unsqueeze(-1)
         if tensor.dim() != 2 or len(tensor) == 0:
@@ -106,15 +117,28 @@ def read_sequences(path: Path) -> tuple[list[torch.Tensor], list[str]]:
             raise ValueError(f"path: record {line} of {path.name} has {tensor.shape[1]} features per step, "
                              f"record 1 has {sequences[0].shape[1]}")
         sequences.append(tensor)
-    return sequences, [str(label) for label in labels]
+    return sequences, labels
+
+
+def label_name(label) -> str:
+    """A label as the text its class is named by: a whole number written as a float (1.0,
+    "1.0", as float exports write them) as that number ("1"), so it joins its class."""
+    if isinstance(label, float) and label.is_integer():
+        return str(int(label))
+    text = str(label).strip()
+    if re.fullmatch(r"[-+]?\d+\.0*", text):
+        return str(int(float(text)))
+    return text
 
 
 def _label_order(label: str) -> tuple:
-    """Numbers in numeric order ("2" before "10"), then other labels as text."""
+    """Numbers in numeric order ("2" before "10"), then other labels as text ("nan" too:
+    it has no place among numbers)."""
     try:
-        return (0, float(label), label)
+        value = float(label)
     except ValueError:
         return (1, 0.0, label)
+    return (1, 0.0, label) if math.isnan(value) else (0, value, label)
 
 
 class SequenceClassificationDataModule(RNNDataModule):
@@ -160,6 +184,9 @@ class SequenceClassificationDataModule(RNNDataModule):
         else:
             sequences, raw_labels = read_sequences(Path(self.path))
             self.classes = sorted(set(raw_labels), key=_label_order)
+            if len(self.classes) < 2:
+                raise ValueError(f"path: every record of {Path(self.path).name} has the label {self.classes[0]!r}; "
+                                 "a classifier needs at least 2 classes")
             labels = torch.tensor([self.classes.index(label) for label in raw_labels])
             self.num_classes = len(self.classes)
         self.num_features = sequences[0].shape[-1]

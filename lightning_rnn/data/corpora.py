@@ -12,6 +12,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from .base import read_text_file
+
 #: The stdlib modules whose sources make up the embedded corpus, in this order.
 #: Files that a Python version lacks are skipped (the list exists in 3.10-3.13).
 PYTHON_STDLIB_FILES: tuple[str, ...] = (
@@ -69,7 +71,11 @@ def tiny_shakespeare_path(cache_dir: str | os.PathLike | None = None) -> Path:
     dest = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = dest / "tinyshakespeare.txt"
     if not dest.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CorpusUnavailableError(f"cache directory {dest.parent} (LIGHTNING_RNN_CACHE or data.cache_dir) "
+                                         f"cannot be made ({err.strerror})") from None
         try:
             download(TINY_SHAKESPEARE_URL, dest)
         except OSError as err:
@@ -85,5 +91,10 @@ def load_corpus(name: str, cache_dir: str | os.PathLike | None = None) -> str:
     if name == "python_stdlib":
         return python_stdlib_text()
     if name == "tiny_shakespeare":
-        return tiny_shakespeare_path(cache_dir).read_text(encoding="utf-8")
+        path = tiny_shakespeare_path(cache_dir)
+        text = read_text_file(path)
+        if not text:
+            raise CorpusUnavailableError(f"the cached copy of tiny-shakespeare, {path}, is empty: delete it to "
+                                         "download it again, or pass data.path=/path/to/input.txt")
+        return text
     raise ValueError(f"corpus: expected one of {BUILTIN_CORPORA}, got {name!r}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..utils.checks import check_seed
-from .base import RNNDataModule, check_positive_int, split_sizes
+from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
 
 
 class ForecastWindows(Dataset):
@@ -46,24 +47,32 @@ def synthetic_series(num_steps: int, generator: torch.Generator) -> torch.Tensor
 
 def read_series(path: Path, columns: list[str] | None) -> torch.Tensor:
     """The numeric ``columns`` (a name or a list; default: all) of a CSV file with a header, as (time, F)."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        if isinstance(columns, str):  # data.columns=temp: one column, not its letters
-            columns = [columns]
-        names = list(columns) if columns is not None else list(reader.fieldnames or [])
-        missing = sorted(set(names) - set(reader.fieldnames or []))
-        if missing or not names:
-            raise ValueError(f"columns: {missing or names} not found in the header of {path}")
-        rows = []
-        for row in reader:
-            values = []
-            for name in names:
-                try:
-                    values.append(float(row[name]))
-                except (ValueError, TypeError):  # TypeError: a short row's missing fields are None
-                    raise ValueError(f"path: line {reader.line_num} of {path.name}, column {name!r}: "
-                                     f"expected a number, got {row[name]!r}") from None
-            rows.append(values)
+    reader = csv.DictReader(io.StringIO(read_text_file(path, newline=""), newline=""))
+    header = reader.fieldnames
+    if not header:
+        raise ValueError(f"path: {path} is empty (expected a header of column names, then rows of numbers)")
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise ValueError(f"path: the header of {path.name} names {', '.join(map(repr, repeated))} more than once")
+    if isinstance(columns, str):  # data.columns=temp: one column, not its letters
+        columns = [columns]
+    names = list(columns) if columns is not None else list(header)
+    missing = sorted(set(names) - set(header))
+    if missing or not names:
+        raise ValueError(f"columns: {missing or names} not found in the header of {path} ({header})")
+    rows = []
+    for row in reader:
+        values = []
+        for name in names:
+            try:
+                value = float(row[name])
+            except (ValueError, TypeError):  # TypeError: a short row's missing fields are None
+                value = None
+            if value is None or not math.isfinite(value):
+                raise ValueError(f"path: line {reader.line_num} of {path.name}, column {name!r}: "
+                                 f"expected a finite number, got {row[name]!r}")
+            values.append(value)
+        rows.append(values)
     if not rows:
         raise ValueError(f"path: {path} has a header but no rows of values")
     return torch.tensor(rows, dtype=torch.float32)
@@ -74,7 +83,8 @@ class ForecastingDataModule(RNNDataModule):
 
     The series is split chronologically (train, then val, then test) and standardized
     with the training part's mean and standard deviation, so losses are in units of
-    training standard deviations; after ``setup``, ``mean`` and ``std`` hold them and
+    training standard deviations (a feature constant over the training part keeps a std
+    of 1: it is only centered); after ``setup``, ``mean`` and ``std`` hold them and
     :meth:`to_data_units` maps predictions back to the data's units.
 
     Args:
@@ -115,7 +125,10 @@ class ForecastingDataModule(RNNDataModule):
         self.num_features = series.shape[1]
         n_train, n_val, _ = split_sizes(len(series), *self.fractions)
         train = series[:n_train]
-        self.mean, self.std = train.mean(0), train.std(0).clamp_min(1e-8)
+        # a feature constant over the training part is only centered (scaled by 1e8 after a
+        # clamp, its later values ran to 1e8 and the val loss to 1e15)
+        std = train.std(0)
+        self.mean, self.std = train.mean(0), torch.where(std > 1e-8, std, torch.ones_like(std))
         series = (series - self.mean) / self.std
         parts = {"train": series[:n_train], "val": series[n_train : n_train + n_val],
                  "test": series[n_train + n_val :]}

@@ -77,6 +77,27 @@ def test_tiny_shakespeare_offline_error_names_data_path(tmp_path, monkeypatch):
         corpora.tiny_shakespeare_path(tmp_path)
 
 
+def test_a_cache_that_is_a_file_or_an_empty_cached_copy_is_named(tmp_path, monkeypatch):
+    """A cache path that is a file was a FileExistsError traceback; an empty cached copy
+    was "chars: expected a non-empty string" from the vocabulary."""
+    monkeypatch.setattr(corpora, "download", lambda url, dest: pytest.fail("no download expected"))
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(corpora.CorpusUnavailableError, match=r"cache directory \S*file .* cannot be made"):
+        corpora.tiny_shakespeare_path(not_a_dir)
+    (tmp_path / "tinyshakespeare.txt").write_text("")
+    with pytest.raises(corpora.CorpusUnavailableError, match=r"tinyshakespeare.txt, is empty: delete it"):
+        corpora.load_corpus("tiny_shakespeare", tmp_path)
+
+
+def test_a_file_s_byte_order_mark_is_not_a_character(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("abcab" * 400, encoding="utf-8-sig")
+    dm = CharCorpusDataModule(path=str(path), batch_size=2, seq_len=10)
+    dm.setup()
+    assert dm.vocab.chars == "abc"  # the BOM was a fourth character
+
+
 def test_char_datamodule_splits_a_file_in_order(tmp_path):
     text = "".join(chr(ord("a") + i % 26) for i in range(10_000))
     path = tmp_path / "corpus.txt"

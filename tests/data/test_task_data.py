@@ -183,16 +183,37 @@ def test_forecasting_columns_may_be_one_name(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("temp,wind\n1.5,2\n2.5,n/a\n", r"path: line 3 of series.csv, column 'wind': expected a number, got 'n/a'"),
-    ("temp,wind\n1.5,2\n2.5\n", r"path: line 3 of series.csv, column 'wind': expected a number, got None"),
+    ("temp,wind\n1.5,2\n2.5,n/a\n", r"path: line 3 of series.csv, column 'wind': expected a finite number, got 'n/a'"),
+    ("temp,wind\n1.5,2\n2.5\n", r"path: line 3 of series.csv, column 'wind': expected a finite number, got None"),
+    # were read as nan / inf: a run with a nan loss that exited 0
+    ("temp,wind\n1.5,2\nnan,3\n", r"path: line 3 of series.csv, column 'temp': expected a finite number, got 'nan'"),
+    ("temp,wind\n1.5,-inf\n", r"path: line 2 of series.csv, column 'wind': expected a finite number, got '-inf'"),
+    # the last of two columns of one name was read twice
+    ("temp,temp\n1.5,2\n", r"path: the header of series.csv names 'temp' more than once"),
+    ("", r"path: \S*series.csv is empty \(expected a header"),  # blamed `columns`
+    (b"temp\n1.5\n2\xe9\n", r"path: \S*series.csv is not UTF-8 text"),  # a UnicodeDecodeError traceback
 ])
 def test_forecasting_bad_values_are_named_by_line_and_column(tmp_path, content, message):
     from lightning_rnn.data.forecasting import read_series
 
     path = tmp_path / "series.csv"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ValueError, match=message):
         read_series(path, None)
+
+
+def test_forecasting_reads_a_spreadsheet_s_byte_order_mark_and_centers_a_constant_feature(tmp_path):
+    """A UTF-8 BOM was part of the first column's name ("columns: ['a'] not found"); a
+    feature constant over the training part was divided by 1e-8, and its later values
+    reached 1e8 (val loss 5e15)."""
+    path = tmp_path / "series.csv"
+    rows = [f"{0.0 if i < 220 else 1.0},{math.cos(i / 7):.6f}" for i in range(300)]
+    path.write_text("a,b\n" + "\n".join(rows) + "\n", encoding="utf-8-sig")
+    data = ForecastingDataModule(path=str(path), columns=["a", "b"], input_len=10, horizon=5)
+    data.setup()
+    assert data.std[0].item() == 1.0 and data.mean[0].item() == 0.0
+    later = torch.cat([w["targets"][:, 0] for w in (data.datasets["test"][i] for i in range(3))])
+    assert later.max().item() == 1.0  # the constant's later value, centered, not scaled by 1e8
 
 
 def test_classification_split_left_empty_is_named():
@@ -229,6 +250,48 @@ def test_numeric_class_labels_sort_by_value(tmp_path):
     data = SequenceClassificationDataModule(path=str(path), val_fraction=0.25, test_fraction=0.25)
     data.setup()
     assert data.classes == ["1", "2", "10"]
+
+
+def test_class_labels_of_one_value_join_and_nan_sorts_as_text(tmp_path):
+    """1, 1.0 and "1" were classes '1' and '1.0'; a label "nan" made the class order (the
+    label ids) depend on the process's hash seed."""
+    path = tmp_path / "data.jsonl"
+    labels = [1, 1.0, "1", "1.0", 2, "nan", "10", "cat"]
+    path.write_text("".join(json.dumps({"sequence": [float(i)], "label": v}) + "\n" for i, v in enumerate(labels)))
+    data = SequenceClassificationDataModule(path=str(path), val_fraction=0.125, test_fraction=0.125)
+    data.setup()
+    assert data.classes == ["1", "2", "10", "cat", "nan"]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    # a missing label was a class of its own ('' or 'None')
+    ("data.csv", "sequence,label\n1 2,a\n3 4,\n5 6,b\n", "path: record 2 of data.csv has no label"),
+    ("data.csv", "sequence,label\n1 2,a\n3 4\n5 6,b\n", "path: record 2 of data.csv has no label"),
+    ("data.jsonl", '{"sequence": [1], "label": "a"}\n{"sequence": [2], "label": null}\n',
+     "path: record 2 of data.jsonl has no label"),
+    # nan in a sequence gave a nan val/loss in a run that exited 0
+    ("data.csv", "sequence,label\n1 2,a\n1 nan 2,b\n", "path: record 2 of data.csv has a value that is not a finite"),
+    ("data.jsonl", '{"sequence": [1, NaN], "label": 0}\n', "path: record 1 of data.jsonl has a value that is not a"),
+    # valid JSON but not an object: "argument of type 'int' is not iterable"
+    ("data.jsonl", '{"sequence": [1], "label": 0}\n5\n', r"path: line 2 of data.jsonl is not a JSON object"),
+    ("data.csv", "sequence,label\n1 2,a\n3 4,a\n", "path: every record of data.csv has the label 'a'; a classifier"),
+])
+def test_classification_records_without_a_usable_label_or_values_are_named(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        SequenceClassificationDataModule(path=str(path)).setup()
+
+
+def test_classification_reads_latin1_as_an_error_and_a_byte_order_mark_as_nothing(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_bytes(b"sequence,label\n1 2,caf\xe9\n")
+    with pytest.raises(ValueError, match=r"path: \S*data.csv is not UTF-8 text"):
+        SequenceClassificationDataModule(path=str(path)).setup()
+    path.write_text("sequence,label\n" + "".join(f"{i} {i},{i % 2}\n" for i in range(10)), encoding="utf-8-sig")
+    data = SequenceClassificationDataModule(path=str(path))
+    data.setup()  # was "got ['label', '\\ufeffsequence']"
+    assert data.classes == ["0", "1"]
 
 
 def test_a_resumable_loader_shuffles_by_seed_and_epoch_and_skips_the_batches_done():
