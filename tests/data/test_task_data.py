@@ -104,6 +104,17 @@ def test_classification_file_without_the_expected_columns(tmp_path):
     ("data.jsonl", "\n\n", r"path: \S*data\.jsonl holds no records"),
     ("data.csv", "", r"path: \S*data\.csv holds no records"),
     ("data.csv", "sequence,label\n", r"path: \S*data\.csv holds no records"),
+    # a missing label was a class of its own ('' or 'None')
+    ("data.csv", "sequence,label\n1 2,a\n3 4,\n5 6,b\n", "path: record 2 of data.csv has no label"),
+    ("data.csv", "sequence,label\n1 2,a\n3 4\n5 6,b\n", "path: record 2 of data.csv has no label"),
+    ("data.jsonl", '{"sequence": [1], "label": "a"}\n{"sequence": [2], "label": null}\n',
+     "path: record 2 of data.jsonl has no label"),
+    # nan in a sequence gave a nan val/loss in a run that exited 0
+    ("data.csv", "sequence,label\n1 2,a\n1 nan 2,b\n", "path: record 2 of data.csv has a value that is not a finite"),
+    ("data.jsonl", '{"sequence": [1, NaN], "label": 0}\n', "path: record 1 of data.jsonl has a value that is not a"),
+    # valid JSON but not an object: "argument of type 'int' is not iterable"
+    ("data.jsonl", '{"sequence": [1], "label": 0}\n5\n', r"path: line 2 of data.jsonl is not a JSON object"),
+    ("data.csv", "sequence,label\n1 2,a\n3 4,a\n", "path: every record of data.csv has the label 'a'; a classifier"),
 ])
 def test_classification_file_with_a_bad_record_names_it(tmp_path, name, content, message):
     path = tmp_path / name
@@ -261,26 +272,6 @@ def test_class_labels_of_one_value_join_and_nan_sorts_as_text(tmp_path):
     data = SequenceClassificationDataModule(path=str(path), val_fraction=0.125, test_fraction=0.125)
     data.setup()
     assert data.classes == ["1", "2", "10", "cat", "nan"]
-
-
-@pytest.mark.parametrize("name, content, message", [
-    # a missing label was a class of its own ('' or 'None')
-    ("data.csv", "sequence,label\n1 2,a\n3 4,\n5 6,b\n", "path: record 2 of data.csv has no label"),
-    ("data.csv", "sequence,label\n1 2,a\n3 4\n5 6,b\n", "path: record 2 of data.csv has no label"),
-    ("data.jsonl", '{"sequence": [1], "label": "a"}\n{"sequence": [2], "label": null}\n',
-     "path: record 2 of data.jsonl has no label"),
-    # nan in a sequence gave a nan val/loss in a run that exited 0
-    ("data.csv", "sequence,label\n1 2,a\n1 nan 2,b\n", "path: record 2 of data.csv has a value that is not a finite"),
-    ("data.jsonl", '{"sequence": [1, NaN], "label": 0}\n', "path: record 1 of data.jsonl has a value that is not a"),
-    # valid JSON but not an object: "argument of type 'int' is not iterable"
-    ("data.jsonl", '{"sequence": [1], "label": 0}\n5\n', r"path: line 2 of data.jsonl is not a JSON object"),
-    ("data.csv", "sequence,label\n1 2,a\n3 4,a\n", "path: every record of data.csv has the label 'a'; a classifier"),
-])
-def test_classification_records_without_a_usable_label_or_values_are_named(tmp_path, name, content, message):
-    path = tmp_path / name
-    path.write_text(content)
-    with pytest.raises(ValueError, match=message):
-        SequenceClassificationDataModule(path=str(path)).setup()
 
 
 def test_classification_reads_latin1_as_an_error_and_a_byte_order_mark_as_nothing(tmp_path):
