@@ -549,8 +549,9 @@ class RNNModule(LightningModule):
         holding a tensor, say) is pickled as it is; such a checkpoint, like those written
         before factories were described, needs ``weights_only=False``, as any pickle: load
         only checkpoints you trust. One that does not pickle (a lambda, a closure) Lightning
-        leaves out of the checkpoint: pass it again (``optimizer=...``) to load. ``weights_only=None`` is torch's default, True since torch 2.6, and True here
-        on older torch too (whose default, False, unpickles anything).
+        leaves out of the checkpoint: pass it again (``optimizer=...``) to load.
+        ``weights_only=None`` is torch's default, True since torch 2.6, and True here on
+        older torch too (whose default, False, unpickles anything).
         Arguments in ``kwargs`` override those in the checkpoint, as in Lightning.
         """
         if weights_only is None and _TORCH_LOAD_UNPICKLES_BY_DEFAULT:

@@ -99,7 +99,8 @@ def test_bad_arguments_and_batches():
         list(LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(12)))
     with pytest.raises(TypeError, match="PackedSequences: expected dict batches with 'inputs'"):
         PackedSequences().pack(None, (torch.zeros(2, 3, 1), torch.tensor([3, 2])))
-    with pytest.raises(TypeError, match=r"expected dict batches with 'inputs' .* got dict with keys \['lengths', 'x'\]"):
+    with pytest.raises(TypeError,
+                       match=r"expected dict batches with 'inputs' .* got dict with keys \['lengths', 'x'\]"):
         PackedSequences().pack(None, {"x": torch.zeros(2, 3, 1), "lengths": torch.tensor([3, 2])})  # was KeyError
 
 
