@@ -1,10 +1,10 @@
 // One direction of one layer as a C++ autograd node: the driver's forward and backward
 // (rnn_driver.h) recorded by autograd without a Python autograd.Function.
 //
-// The Python Function (kernels/cpp/functions.py) cost ~0.4 ms of a 5 ms LSTM forward +
-// backward at batch 50, hidden 64, T 50 (Xeon, 1 thread; its apply, ctx, save and its
-// Python backward, run with the caches the kernels leave); this node is what the
-// functions.py wrappers call in the common case, a plain forward + backward. The
+// Why a C++ node: a Python autograd.Function (kernels/cpp/functions.py) adds its apply,
+// ctx, saving and a Python backward to every call, a fixed cost that is a visible share of
+// a small layer's time. This node is what the functions.py wrappers call in the common
+// case, a plain forward + backward. The
 // Python Function stays for what it does in Python: a backward inside gradient
 // checkpointing's GradSink and forward-mode AD (refused there with a clear error).
 // A backward with create_graph=True calls back into Python (functions.py:
@@ -144,8 +144,8 @@ struct CellNode : public torch::autograd::Function<CellNode<Cell, Dev, Guard>> {
 
 // A whole stack, layer after layer (both directions of a layer, their outputs joined),
 // in one call from Python: a node per layer-direction (CellNode) as above, and no Python
-// between them, where the per-layer Python (a wrapper, the precision, the states' views)
-// cost ~0.1 ms per layer-direction with the caches the kernels leave. x (N, I) in the
+// between them, so the per-layer Python (a wrapper, the precision, the states' views) is
+// not paid once per layer-direction. x (N, I) in the
 // compute dtype; h0 (L*D, B, P), c0 (L*D, B, H) (LSTM) or None (GRU); weights: 5 per
 // layer-direction as the layers give them (w_ih, w_hh, b_ih, b_hh, w_hr; None where
 // absent). Returns (out (N, D*P), h_n (L*D, B, P)[, c_n (L*D, B, H)]). Inter-layer
@@ -188,8 +188,9 @@ std::vector<at::Tensor> stack_apply(const at::Tensor& x, const at::Tensor& batch
 // The layers' common call, in one step from Python: a padded, time-major x (T, B, I) in
 // the compute dtype (here also the state dtype: no autocast), the initial states h0
 // (L*D, B, P) and the LSTM's c0 (L*D, B, H), or None for zeros, the weights as for
-// stack_apply. The batch sizes, the zero states and the views that the Python side
-// made cost it ~50 us with the caches a backward leaves, against a few here. Returns
+// stack_apply. The batch sizes, the zero states and the views are made here, where each
+// is a C++ call, rather than in Python, where each is a trip through the interpreter and
+// the dispatcher. Returns
 // (out (T, B, D*P), h_n (L*D, B, P)[, c_n (L*D, B, H)]).
 template <class Cell, class Dev, class Guard>
 std::vector<at::Tensor> padded_stack_apply(const at::Tensor& x, const OptTensor& h0, const OptTensor& c0,

@@ -2,23 +2,15 @@
 // three of the driver's GEMM choices (rnn_gemm.h, rnn_grad_gemms.h).
 //
 // MKL picks its kernels by CPU vendor: its AVX-512 sgemm runs on Intel CPUs only. On an
-// AMD EPYC with AVX-512 (Zen 4) at::mm ran MKL's AVX2 "zen" kernels at 81-97 GFLOP/s,
-// where oneDNN (which generates code for the CPU's features) and the panel GEMM ran at
-// 97-112. Measured there, 1 thread, ms, 2500 rows (batch 50, T 50), weight (4H x H):
-//   weight gradient dG^T x     H 64: 0.92 at::mm / 0.77 oneDNN as (x^T dG)^T
-//                              H 128: 3.79 / 3.45;  256: 14.2 / 12.7;  512: 54.2 / 50.2
-//   input projection x W_ih^T  H 64: 0.84 at::mm / 0.79 panels;  128: 3.48 / 3.13
-//   weight gradients in chunks of 250 rows as they are finished (rnn_grad_gemms.h):
-//                              H 128: 3.84 at::mm, against 3.45 for oneDNN after the loop
-// LSTM fwd + bwd against torch.nn, batch 50, T 50, interleaved, 1 thread, without / with
-// the three choices below: 1x64 1.02-1.05 / 0.96-0.99, 1x128 1.09 / 1.04-1.06, 2x128
-// 0.81-0.84 / 0.78-0.80, 3x128 0.83 / 0.80, 1x256 0.93 / 0.89, 1x512 0.99 / 0.95; GRU
-// within 0.01. oneDNN's weight gradient was faster than at::mm there at H 8-512 (powers of
-// two) and H 96, 200, 384 (not), and 3 % slower at H 32 with input 300 (2.17 / 2.11 ms).
-// On Intel CPUs (where the Xeon measurements in rnn_gemm.h were taken) nothing changes,
-// nor on CPUs with AVX2 only: on an AMD EPYC with AVX2, oneDNN's weight gradients at sizes
-// that are not powers of two had run 1.3-3x longer than MKL's (rnn_gemm.h,
-// dnnl_plain_weight_fast), and chunks and panels for the projection were not measured there.
+// x86 CPU with AVX-512 from another vendor (e.g. AMD Zen 4) at::mm runs MKL's AVX2
+// kernels, while oneDNN (which generates code for the CPU's features) and the panel GEMM
+// (rnn_panels.h) use the full width. There both are faster than at::mm for this driver's
+// weight gradients (oneDNN, at any size) and input projection (panels), and the weight
+// gradients in oneDNN after the loop beat at::mm on chunks of rows during it. The
+// layer-level effect is in the benchmark's grid (docs/benchmarks.md).
+// On Intel CPUs nothing changes, nor on CPUs with AVX2 only: there oneDNN's weight
+// gradients with a plain weight are slow at sizes that are not powers of two (rnn_gemm.h:
+// dnnl_plain_weight_fast).
 #pragma once
 
 #include <ATen/Context.h>

@@ -22,10 +22,10 @@ namespace lrnn {
 
 // Denormal floats flushed to zero (FTZ) and read as zero (DAZ) in this thread while in
 // scope, the caller's mode restored after. Gradients carried back over hundreds of steps
-// decay into denormals, which some x86 CPUs handle many times more slowly: a backward over
-// T ~ 470 (batch 32, hidden 128, the gradient from the last step only) took 0.66 s with
-// them and 0.05-0.07 s flushed on a Xeon. They lie below 1.2e-38 (float32) and 2.2e-308
-// (float64): flushing them changes no result beyond those magnitudes. On Arm (AArch64)
+// decay into denormals, which many x86 CPUs handle an order of magnitude more slowly (a
+// microcode assist per operation), so a long backward can spend most of its time on them.
+// They lie below 1.2e-38 (float32) and 2.2e-308 (float64): flushing them changes no
+// result beyond those magnitudes. On Arm (AArch64)
 // the FPCR's FZ bit flushes inputs and results alike.
 class FlushDenormals {
  public:
@@ -57,14 +57,11 @@ class FlushDenormals {
 // autograd: the kernels' own tensors need no autograd bookkeeping (the Python
 // autograd.Functions record the layer), and each of the few hundred narrow / mm / empty
 // calls of a call then skips the Autograd and ADInplaceOrView layers (no view metadata
-// per narrow). Its tensors are ordinary ones (not inference tensors): outputs are saved
-// for backward and returned as gradients. Views made in here get version counters of
-// their own, so the weight-pack store takes a weight's version from the tensor the kernel
-// was given (WeightPacks::get). Xeon, 1 thread, batch 50, T 50, interleaved in one
-// process (three runs): LSTM forward + backward 1x64 0.954-0.965x and 1x128 0.978-0.979x
-// of the time without it (against torch.nn 1x64 1.036-1.049x -> 0.994-1.001x in the
-// first run); dispatched below Autograd only, where views still share versions, it took
-// 0.979-0.984x at 1x64 and 0.990x at 1x128.
+// per narrow), a fixed cost per call that shows at small hidden sizes. Skipping
+// ADInplaceOrView as well as Autograd is what drops the view bookkeeping. Its tensors are
+// ordinary ones (not inference tensors): outputs are saved for backward and returned as
+// gradients. Views made in here get version counters of their own, so the weight-pack
+// store takes a weight's version from the tensor the kernel was given (WeightPacks::get).
 template <auto F>
 struct Flushed;
 
@@ -83,26 +80,24 @@ struct CpuScope {
   FlushDenormals flushed;
 };
 
-// For the per-element lambdas handed to CpuDev::for_rows: without it GCC did not inline
-// the LSTM forward (five exp_approx per element) into the row loop, which then ran
-// unvectorized (hidden-64 layers ~1.4x slower).
+// For the per-element lambdas handed to CpuDev::for_rows: without it GCC may not inline
+// the LSTM forward (five exp_approx per element) into the row loop, which then runs
+// unvectorized.
 #define RNN_HD_LAMBDA __attribute__((always_inline))
 
-// Rows per parallel chunk: enough elements (4K; an LSTM forward element took ~16 cycles in
-// a step when this was measured, before the cheaper exp of rnn_math.h) that a thread
-// hand-off pays off. Against 16K before, 2 threads, Xeon, forward + backward
-// / torch.nn.LSTM interleaved: batch 50 hidden 64 1.25 -> 1.15 (inference 1.15 -> 0.99),
-// batch 32 hidden 64 1.19 -> 1.12, batch 16 hidden 128 1.14 -> 1.10; GRU batch 50 hidden
-// 64 0.41 -> 0.39; 1 thread unchanged (2K: within 0.01 of 4K).
+// Rows per parallel chunk: enough elements (4K, tens of thousands of cycles of pointwise
+// work) that handing a chunk to another thread pays for the hand-off, and few enough that
+// a step of batch 16-50 at hidden 64-128 (4H elements per row) splits into several chunks
+// and so uses more than one thread. On one thread the grain changes nothing.
 inline int64_t grain_rows(int64_t row_elems) {
   return std::max<int64_t>(1, (int64_t(1) << 12) / std::max<int64_t>(1, row_elems));
 }
 
 struct CpuDev {
   static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
-  // The per-step h W_hh^T goes to a small hot buffer that the pointwise pass adds to pre:
-  // 1 thread, B = 50, MKL: 0.11 vs 0.14 ms at H = 128, 2.1 vs 3.0 ms at H = 512 for
-  // addmm_ into the cache-cold rows of pre (and the buffer is what oneDNN writes anyway).
+  // The per-step h W_hh^T goes to a small buffer that stays in cache, and the pointwise
+  // pass adds it to pre: addmm_ into pre's rows would read and write rows that are cold in
+  // cache (and the buffer is what oneDNN writes anyway).
   static constexpr bool kStepIntoPre = false;
 
   template <class Cell, typename S, typename A>

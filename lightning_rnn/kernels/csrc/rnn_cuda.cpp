@@ -36,8 +36,8 @@ struct CudaDev {
 // Runs an entry point F(x, args...) with x's GPU as the current device. ATen's ops (the
 // GEMMs, the allocations) guard their device themselves, but the pointwise kernels are
 // launched by hand on getCurrentCUDAStream(): without the guard, a layer on cuda:1 while
-// the current device is cuda:0 had its kernels launched on device 0 (pointers into device
-// 1's memory) and on device 0's stream, unordered with the GEMMs on device 1's stream.
+// the current device is cuda:0 would have its kernels launched on device 0 (pointers into
+// device 1's memory) and on device 0's stream, unordered with the GEMMs on device 1's stream.
 template <auto F>
 struct OnDeviceOf;
 

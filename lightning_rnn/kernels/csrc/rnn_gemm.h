@@ -2,19 +2,17 @@
 //
 // On CPU, at::mm runs MKL's sgemm. For the GEMM shapes of an RNN layer, oneDNN's matmul
 // (the op inductor emits on CPU: mkldnn::_linear_pointwise, with weights pre-packed by
-// mkldnn::_reorder_linear_weight) is measurably faster on this project's CPUs, 1 thread:
-//   per step  h W_hh^T, B=50, H=512, packed W_hh:  2.1 ms vs 3.2 ms for addmm_ into the
-//             (cache-cold) rows of pre, 2.3 ms for mm into a hot buffer; H=256: 0.48 vs
-//             0.56 ms; equal at H=128 and slower at H=64 (call overhead). Steps of up
-//             to 64 rows run faster still on panels (rnn_panels.h, StepGemm below);
-//   x W_ih^T, N=2500, H=512, packed:               80 ms (+3 ms packing) vs 105 ms (AMD EPYC;
-//             the forward's now runs in at::mm into a pooled buffer: proj_gemm_pooled);
-//   dG W_ih,  N=2500, H=512, plain strided weight: 88 ms vs 98 ms.
-//   dG^T x,   N=2500, H=512, as (x^T dG)^T: x^T copied contiguous, dG^T a view, the
-//             result transposed back to the weight's layout: 92 ms + the two copies
-//             (rnn_transpose.h: 3.6 + 2.4 ms, ATen's strided copies 4.4 + 3.1) vs 117 ms.
+// mkldnn::_reorder_linear_weight) is faster at large hidden sizes, most of all with a
+// weight packed once into its blocked layout and reused. Where the driver uses it:
+//   per step  h W_hh^T with W_hh packed, from hidden kDnnlMinDim (below it the call's
+//             overhead outweighs the gain); steps of up to 64 rows run on panels instead
+//             (rnn_panels.h, StepGemm below);
+//   dG W_ih   the input gradient, with the plain strided weight;
+//   dG^T x    the weight gradients, as (x^T dG)^T: x^T copied contiguous, dG^T a view,
+//             the result transposed back to the weight's layout (rnn_transpose.h).
 // Those two unpacked-weight GEMMs are slow in oneDNN at sizes that are not powers of two
-// (dnnl_plain_weight_fast), which then use at::mm.
+// (dnnl_plain_weight_fast), which then use at::mm. The forward's x W_ih^T runs in at::mm
+// into a pooled buffer (proj_gemm_pooled).
 // The ops are looked up in the dispatcher at run time (boxed calls, no link-time
 // dependency); where they are missing or fail, DnnlGemm::ok() turns false for the
 // process and the callers use at::mm. float32 only: oneDNN has no float64 matmul, and
@@ -43,10 +41,10 @@ namespace lrnn {
 // Packed copies of weights kept for reuse while the store is active on a thread.
 //
 // Gradient checkpointing runs a layer in chunks of a few steps, each chunk a separate
-// kernel call (twice: forward, then recomputed in backward). Packing W_ih and W_hh per
-// call costs ~3 ms each at H = 512 and, at 7-step chunks, eats the whole gain of the
-// packed GEMMs. While a store is active (Python: `with store:`), DnnlGemm::pack returns
-// the copy made earlier for the same weight at the same version. The store holds strong
+// kernel call (twice: forward, then recomputed in backward). Packing W_ih and W_hh at
+// every call is a pass over each weight, which for chunks of a few steps costs as much as
+// the packed GEMMs gain. While a store is active (Python: `with store:`), DnnlGemm::pack
+// returns the copy made earlier for the same weight at the same version. The store holds strong
 // references to the weights it packed (so their storage cannot be reused by another
 // tensor) and is emptied by clear(); the Python owner clears it when a pass over the
 // chunks ends.
@@ -190,14 +188,13 @@ class DnnlGemm {
   }
 };
 
-// Smallest K and N (in, out of the weight) for which oneDNN beats at::mm (measured
-// at H = 128: equal, H = 256: faster).
+// Smallest K and N (in, out of the weight) for which oneDNN beats at::mm: the two are even
+// at 128 and oneDNN is faster from 256, so the cut lies between.
 constexpr int64_t kDnnlMinDim = 192;
 // Smallest H for which the backward's per-step dG_h W_hh of steps wider than the panels
 // take (kPanelMaxRows) runs in oneDNN with W_hh^T packed once per call rather than in
-// addmm_. Measured, 1 thread, B 50 (before the panels), 50 steps, oneDNN (+ packing)
-// / addmm_: H 512: 97 (+12) / 94 ms; 768: 268 (+21) / 263; 1024: 400 (+39) / 459; 1536:
-// 880 (+61) / 944; whole LSTM fwd+bwd at H 1024: 0.93x, GRU 0.90x.
+// addmm_: below it the packing (a pass over W_hh per call) costs more than oneDNN's GEMM
+// saves over 50 steps; from 1024 the packed GEMM wins with the packing included.
 constexpr int64_t kDnnlBackwardMinDim = 1024;
 // Fewest steps for which packing W_hh once (for oneDNN or into panels) pays for itself.
 constexpr int64_t kDnnlPackMinSteps = 8;
@@ -209,24 +206,18 @@ inline bool worth_packing(int64_t count, int64_t minimum) {
 }
 
 // Whether oneDNN is fast with an unpacked (transposed-view) weight of these dimensions, as
-// the backward's dx and weight-gradient GEMMs use it: only at powers of two. Measured, 1
-// thread, 2500 rows, LSTM (weight 4H x H), ms oneDNN / MKL:
-//   weight gradient  H 256: 22 / 23   512: 81-92 / 81-105   1024: 309-329 / 316-376
-//                    H 384: 83 / 55   768: 519 / 213   1280: 1399 / 460   1536: 2069 / 668
-//   dx               H 256: 22 / 28   512: 93 / 100   1024: 363 / 376
-//                    H 384: 52 / 42   640: 156 / 148   768: 202 / 153
-// (Packed weights, as in the forward, showed no such dips.)
+// the backward's dx and weight-gradient GEMMs use it: only at powers of two. At other
+// sizes (e.g. hidden 384, 768, 1280) its weight gradient takes up to about three times
+// MKL's time. Packed weights, as in the forward, show no such dips.
 inline bool dnnl_plain_weight_fast(int64_t rows, int64_t cols) {
   const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
   return pow2(rows) && pow2(cols);
 }
 
-// Smallest dimensions of a weight that proj_gemm's x W^T (M >= 512 rows; the forward's
-// x W_ih^T before proj_gemm_pooled, a projected LSTM's h = r W_hr^T now) runs in oneDNN
-// packed. Measured, 1 thread, 2500 rows, W_ih (4H x H), ms packed / at::mm:
-// H 32: 0.49 / 0.73, 64: 1.75 / 2.46, 128: 6.07 / 7.72, 256: 20.1 / 21.5, 512: 82 / 96.
-// Inside a layer (fwd + bwd, B 50, T 50, interleaved) it paid at H 128 (LSTM 50.2 -> 48.3
-// ms, GRU 33.5 -> 31.9) but not at H 64 (LSTM even, GRU 13.2 -> 13.9 ms).
+// Smallest dimensions of a weight that proj_gemm's x W^T (M >= 512 rows, e.g. a projected
+// LSTM's h = r W_hr^T) runs in oneDNN packed. Alone, the packed GEMM is faster than
+// at::mm at every size; inside a layer's forward + backward the packing and the fresh
+// result pay for themselves from 128, not at 64.
 constexpr int64_t kDnnlPackedMinDim = 128;
 
 // x (M, K) @ w^T for w (N, K) (any strides): oneDNN where usable and big enough, with the
@@ -258,21 +249,16 @@ inline at::Tensor panels_of(const at::Tensor& m, const at::Tensor& base) {
 
 // Deepest GEMM (K) the panels take outside the per-step GEMMs, where MKL runs its generic
 // kernels (rnn_blas.h): dG W_ih (input_grad_gemm, K = dG's columns) and x W_ih^T (K =
-// input size). Measured on the AMD EPYC, 1 thread, 2500 rows, W_ih (4H x H), ms panels /
-// at::mm / oneDNN with the unpacked weight (fast at powers of two only): H 32: 0.40 / 0.51
-// / 0.46, 64: 1.40 / 1.93, 128: 5.98 / 8.13, 256: 22.3 / 25.4 / 22, 512 (K 2048): 92.5 /
-// 94.9 / 86.9. Inside a layer at H 128: LSTM 50.2 -> 48.8 ms, GRU 33.5 -> 32.8; at H 64
-// and 256 within the noise. With MKL's own AVX-512 kernels (Intel Xeon) at::mm is the
-// faster: dG W_ih, 2500 rows, H 64: 0.51 / 0.59 ms (at::mm / panels), H 128: 1.91 / 2.53;
-// 250 rows (a chunk of rnn_grad_gemms.h) at H 128: 0.17-0.18 / 0.19-0.21.
+// input size). Up to this depth the panels beat the generic at::mm and oneDNN with the
+// unpacked weight; at K 2048 oneDNN is as fast. With MKL's own AVX-512 kernels (Intel
+// CPUs) at::mm is faster than the panels, which are therefore not used there.
 constexpr int64_t kPanelMaxDepth = 1024;
 
 // x (M, K) @ w^T into a block of BufferPool, for results that stay inside the kernels (the
 // forward's x W_ih^T, which become the saved gates): at::mm, since oneDNN allocates its
-// results itself. Forward + backward of one layer, batch 50, T 50, 1 thread,
-// Xeon, into the pool with at::mm / oneDNN (W_ih packed, a fresh result): LSTM hidden
-// 128 16.5 / 16.9 ms, 256 64.3 / 65.3, 512 243 / 243; GRU 128 13.2 / 13.8.
-// Where at::mm runs MKL's generic kernels (rnn_blas.h), panels of W_ih^T instead.
+// results itself, and a fresh result's pages fault in at every call, which costs what its
+// packed GEMM gains. Where at::mm runs MKL's generic kernels (rnn_blas.h), panels of
+// W_ih^T instead.
 inline at::Tensor proj_gemm_pooled(const at::Tensor& x, const at::Tensor& w) {
   at::Tensor y = BufferPool::empty({x.size(0), w.size(0)}, x.options());
   if (Widen::applies(x)) {  // into a pooled float32 block (a fresh one faults its pages in)
@@ -319,8 +305,9 @@ inline at::Tensor input_grad_gemm(const at::Tensor& dG, const at::Tensor& w, con
 
 // The recurrent GEMM of one step, y (n, N) = a (n, K) M, with M prepared once per call for
 // the fastest path at the call's sizes: panels (rnn_panels.h) for steps of up to
-// kPanelMaxRows rows (with AVX-512, of an M that fits in L2: PanelGemm::suits), else oneDNN with M packed where that pays, else ATen. Inside an
-// active WeightPacks store, M is prepared once per pass over the chunks.
+// kPanelMaxRows rows (with AVX-512, of an M that fits in L2: PanelGemm::suits), else
+// oneDNN with M packed where that pays, else ATen. Inside an active WeightPacks store, M
+// is prepared once per pass over the chunks.
 class StepGemm {
  public:
   enum class Kind { kAten, kDnnl, kPanels };
@@ -340,8 +327,8 @@ class StepGemm {
 
   // y (n, N) = a (n, K) M on panels for rows given by pointer (row strides lda, ldy):
   // the loops' per-step calls, without the two or three tensor views per step that run()
-  // takes (each a dispatcher call that allocates a TensorImpl: ~300 per forward +
-  // backward of T 50). Returns false, doing nothing, where M is not in panels (then run()).
+  // takes (each a dispatcher call that allocates a TensorImpl, several per step of every
+  // forward and backward). Returns false, doing nothing, where M is not in panels (then run()).
   template <typename S>
   bool run_rows(const S* a, int64_t lda, int64_t n, S* y, int64_t ldy) const {
     if constexpr (std::is_same_v<S, float>) {

@@ -3,24 +3,21 @@
 //
 // The backward loop writes dG one step at a time, in reverse. Run after the loop, these
 // GEMMs read all of dG back: at batch 50, T 50 that is 2.5 MB at hidden 64 and 5 MB at
-// 128, more than this core's L2 (2 MB), so they read it from L3. On one CPU thread they
-// run instead on chunks of at least kGradChunkRows rows, each as soon as the loop has
-// written it (still in L2), with the weight gradients summed over the chunks in place.
-// Measured (Xeon, 1 thread, batch 50, T 50, fwd + bwd; ours, torch.nn, the naive loop and
-// the GEMM-only bound interleaved in random order, as the benchmark's grid runs them; two
-// runs of 60 s each), time in chunks / after the loop: LSTM 1x64 0.970-0.986, 1x128
-// 0.969-0.972, 3x128 0.981-0.986, 1x512 0.969-0.978; GRU 1x64 0.956-0.964, 1x128
-// 0.966-0.975; hidden 256 even. The GEMM-only bound, which runs the same chunks, took the
-// same time either way (0.997-1.006): the chunks' smaller GEMMs cost nothing, and what
-// the layer gains is dG found in L2. A dG of at most half the L2 (kGradChunkMinBytes) is
-// still there when the loop ends, so its GEMMs run after the loop.
-// On two threads chunks lost (LSTM 1x64, ours/torch.nn 1.14 -> 1.17): the GEMMs split
-// across both cores' L2s, and the chunks' smaller GEMMs split less well. Chunked sums
-// round differently, so chunks are kept to one precision: under bf16 / fp16 autocast a
-// weight gradient summed in the compute dtype would lose bits at every chunk.
-// Where at::mm runs MKL's generic kernels (rnn_blas.h: an AMD EPYC with AVX-512, L2 1 MB)
-// chunks lost too: LSTM 1x64 1.02 -> 1.00, 1x256 0.93 -> 0.90, 1x512 0.99 -> 0.96 without
-// them, and the weight gradients after the loop run in oneDNN, faster than at::mm there.
+// 128 (N x 4H floats), more than a core's L2 on common CPUs, so they read it from L3. On
+// one CPU thread they run instead on chunks of at least kGradChunkRows rows, each as soon
+// as the loop has written it (still in L2), with the weight gradients summed over the
+// chunks in place. The chunks' smaller GEMMs take the same time as the whole ones (the
+// GEMM-only bound, which runs the same chunks, shows it), so what the layer gains is dG
+// found in L2; the benchmark's grid (docs/benchmarks.md) measures the layer with them. A
+// dG of at most kGradChunkMinBytes (half of a 2 MB L2) is still in cache when the loop
+// ends, so its GEMMs run after the loop.
+// No chunks:
+//  - on several threads: the GEMMs split across the cores' L2s, and the chunks' smaller
+//    GEMMs split less well;
+//  - where at::mm runs MKL's generic kernels (rnn_blas.h): the weight gradients after the
+//    loop run in oneDNN there, faster than at::mm on chunks;
+//  - in mixed precision: chunked sums round differently, and under bf16 / fp16 autocast a
+//    weight gradient summed in the compute dtype would lose bits at every chunk.
 #pragma once
 
 #include <ATen/ATen.h>

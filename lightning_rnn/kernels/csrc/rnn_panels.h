@@ -11,24 +11,17 @@
 // they can be (tile_rows_at); a step's tiles take k in blocks of kDepthBlock, all tiles
 // one block after another (run_rows). M is read once per tile from a strip in L1/L2,
 // a in place (any row stride). A tile of a whole panel is stored with two vector stores
-// per row, which takes the whole GEMM 8-23 % less time at n 50, K 64-512 (interleaved, 1
-// thread; a layer's fwd + bwd 2-5 % less) than going through a stack copy and a memcpy of
-// `cols` floats, as the last, partial panel does. While its first tile runs, a panel
-// prefetches the next one into L2, its row k at step k: past L2 (W_hh of hidden 512 is
-// 4 MB) the strips otherwise arrive from L3 at the pace of the first tile's demand misses. A layer's fwd + bwd, this kernel with / without it
-// (interleaved, 1 thread): B 50, T 50: H 256 1.01, 512 0.97-0.99, 1024 0.98; B 4, T 200:
-// H 256 0.97, 512 0.97, 1024 0.78.
+// per row, with no stack copy and memcpy of `cols` floats, which only the last, partial
+// panel needs. While its first tile runs, a panel prefetches the next one into L2, its
+// row k at step k: past L2 (W_hh of hidden 512 is 4 MB) the strips otherwise arrive from
+// L3 at the pace of the first tile's demand misses, which matters most for small batches.
 //
-// Per step, h W_hh^T (forward) and dG_h W_hh (backward), 1 thread, microseconds,
-// these panels / oneDNN with W_hh packed / at::mm, AMD EPYC (AVX2):
-//   B  4, H 256:  57 / 140 / 138    backward  56 / - / 109
-//   B  4, H 512: 204 / 275 / 395    backward 194 / - / 340
-//   B 50, H 128: 102 / 149 / 120    backward  93 / - / 114
-//   B 50, H 512: 2032 / 2100 / 2516 backward 1890 / - / 2286
-//   B 128, H 512: 5062 / 4978 / 5815;  B 256, H 256: 2545 / 2245 / 2043 (wider steps: oneDNN)
-// Intel Xeon (AVX-512), the forward's h W_hh^T alone, in cache, same order:
-//   B  4, H 256:  16 / 37 / 23       B 4, H 512: 153 / 213 / 281
-//   B 50, H 128:  39 / 60 / 46       B 50, H 256: 158 / 185 / 184    B 50, H 512: 749 / 817 / 943
+// Why panels for the step GEMMs: a step has few rows (the batch), too few for MKL's and
+// oneDNN's blocking to pay off, and M is the same at every step, so its one-time copy
+// into panels is spread over T steps. For steps of up to kPanelMaxRows rows the panels
+// beat oneDNN with a packed W_hh and at::mm, most at small batches; from 128 rows on the
+// libraries are as fast or faster. The layer-level effect is in the benchmark's grid
+// (docs/benchmarks.md).
 // The columns are written with plain vector types (GCC/Clang vector extensions), which
 // compile to AVX-512 or AVX2/FMA under -march=native and to narrower code elsewhere.
 #pragma once
@@ -48,8 +41,8 @@
 #endif
 
 // clang splits 512-bit vectors into 256-bit halves where the target prefers 256-bit ones
-// (-march=native on most AVX-512 CPUs), unless told the function needs them: the panel
-// GEMM then ran 1.7x longer (clang 14). GCC keeps the vector types as written.
+// (-march=native on most AVX-512 CPUs), unless told the function needs them, and the
+// panel GEMM then runs at half width. GCC keeps the vector types as written.
 #if defined(__clang__) && defined(__AVX512F__)
 #define LRNN_WIDE_VECTORS __attribute__((min_vector_width(512)))
 #else
@@ -72,10 +65,9 @@ class PanelGemm {
   }
 
  public:
-  // Floats per vector: the widest registers the build targets (-march=native). With
-  // 8-float (AVX2) tiles on a CPU with AVX-512, MKL's and oneDNN's 16-float kernels were
-  // the faster ones (Xeon, batch 50, T 50, LSTM fwd + bwd against torch.nn, interleaved:
-  // hidden 128 1.47x with those panels, 1.08x with MKL / oneDNN, 1.03x with 16-float panels).
+  // Floats per vector: the widest registers the build targets (-march=native). On a CPU
+  // with AVX-512, 8-float (AVX2) tiles lose to MKL's and oneDNN's 16-float kernels; only
+  // 16-float tiles beat them.
 #if defined(__AVX512F__)
   static constexpr int64_t kLanes = 16;
 #else
@@ -100,11 +92,9 @@ class PanelGemm {
   }
 
   // Whether panels of M suit the step GEMMs of this build: with 8-float tiles (AVX2)
-  // always (see above); with 16-float tiles (AVX-512) where M fits in this core's L2.
-  // Xeon (L2 2 MB), LSTM fwd + bwd against torch.nn, interleaved, with / without panels:
-  // batch 50 hidden 64 1.01 / 1.04, 128 1.03 / 1.06 (W_hh^T 64 and 256 KB); hidden 512
-  // 0.96-0.99 / 0.93, 1024 1.01 / 0.96 (4 and 16 MB); batch 4, T 200: hidden 512 0.97 /
-  // 1.00-1.02, 1024 1.01-1.03 / 0.98.
+  // always (see above); with 16-float tiles (AVX-512) where M fits in this core's L2:
+  // an M that does not (W_hh^T of hidden 512 is 4 MB) streams from L3 at every step, and
+  // MKL's / oneDNN's AVX-512 kernels, which block for that, are then the faster ones.
   static bool suits(const at::Tensor& m) {
     return kLanes < 16 || m.numel() * static_cast<int64_t>(sizeof(float)) <= l2_bytes();
   }
@@ -125,9 +115,8 @@ class PanelGemm {
   // zero-padded. One pass over M, a panel at a time: rows of kWidth floats where M's
   // columns are contiguous (the backward's W_hh), else one column of M per panel column
   // (the forward's W_hh^T, a transposed view), writing into the panel (K x kWidth floats)
-  // in cache.
-  // W_hh^T of H 512, 1 thread: 1.3 ms, against 5.6 ms through a zero-padded copy and a
-  // permuted one in ATen.
+  // in cache: one pass, where a zero-padded copy and a permuted one through ATen would
+  // take three.
   static at::Tensor pack(const at::Tensor& m) {
     TORCH_CHECK(m.dim() == 2 && m.scalar_type() == at::kFloat, "PanelGemm::pack: expected a float32 matrix");
     const int64_t K = m.size(0), N = m.size(1), P = (N + kWidth - 1) / kWidth;
@@ -183,9 +172,7 @@ class PanelGemm {
         // with AVX-512) stays in L1 for all tiles of the step, where a tile over all K (the
         // backward's 4H) streamed the whole strip from L2 once per tile; y's rows are added
         // into per block. For more rows than a step's, whose strip of y would leave L1, one
-        // tile runs over all K. Alone, 1 thread, Xeon, microseconds, blocks outside / inside:
-        // 50 x 512 @ 512 x 128 39.2 / 41.3, 50 x 1024 @ 1024 x 256 162 / 190, 250 x 512 @
-        // 512 x 128 189 / 213; 2500 rows of that 2710 / 2534.
+        // tile runs over all K.
         const bool blocks_outside = n <= kPanelMaxRows;
         const int64_t block = blocks_outside ? kDepthBlock : std::max<int64_t>(K, 1);
         for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += block) {
@@ -202,13 +189,11 @@ class PanelGemm {
 
   // Rows of the next register tile when `left` rows of y remain: the first tile of the
   // cheapest split of min(left, kPanelMaxRows) rows into tiles of 1-6 rows (tiles of 5
-  // while more remain). Cost per row of a tile of R rows, measured standalone (1 thread,
-  // K 256-2048, all rows in tiles of R): R 5: 1, 6: 1.00-1.03, 2-4: 1.5, 1: 2.2. Tiles of
-  // fewer than 5 rows keep fewer than 10 accumulator chains in flight and wait on the FMA
-  // latency. The step GEMM (H 512: 512 x 2048 forward, 2048 x 512 backward), this split /
-  // tiles of 6 and the rest, interleaved: 64 rows (then 10 x 6 + 4, now 4 x 6 + 8 x 5)
-  // 0.93 / 0.98; 32 rows 0.98 / 0.91; 16 rows 0.88; 50 rows (8 x 6 + 2, now 10 x 5)
-  // 0.97-1.00.
+  // while more remain). kCost is the relative cost per row of a tile of R rows, measured
+  // standalone (K 256-2048, all rows in tiles of R): 5 and 6 rows about equal, 2-4 rows
+  // half as much again, 1 row over twice. Tiles of fewer than 5 rows keep fewer than 10
+  // accumulator chains in flight and wait on the FMA latency; so 64 rows split as
+  // 4 x 6 + 8 x 5 rather than 10 x 6 + 4, and 50 rows as 10 x 5.
   static int64_t tile_rows_at(int64_t left) {
     static const std::array<int8_t, kPanelMaxRows + 1> first = [] {
       constexpr int kCost[kTileRows + 1] = {0, 220, 150, 150, 150, 100, 102};  // per row, x 100
@@ -250,9 +235,8 @@ class PanelGemm {
 
   // y[r][0:cols) = sum_k a[r][k] panel[k][0:cols) for r < R; with kPrefetch, also a
   // prefetch (into L2) of row k of the next panel. k runs in blocks of kDepthBlock, each
-  // summed in registers and then added into y: one running sum over all K rounds off
-  // about twice as much at K 1024 (2x at::mm's max relative error, which blocks K too and
-  // is identical to one sum up to K 256).
+  // summed in registers and then added into y: the rounding error of one running sum
+  // grows with K (at K 1024 about twice at::mm's, which blocks K too).
   template <int R, bool kPrefetch>
   LRNN_WIDE_VECTORS static void tile(const float* a, int64_t lda, const float* panel, int64_t K, float* y, int64_t ldy,
                    int64_t cols, const float* next, bool add) {

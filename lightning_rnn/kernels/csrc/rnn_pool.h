@@ -3,11 +3,11 @@
 //
 // glibc hands large blocks back to the system when they are freed (munmap, or a trim of
 // the heap's top) and maps them again, zero-filled page by page on first touch, when the
-// next call asks; whether it does depends on what else the process allocated. In a plain
-// training loop (one layer, batch 50, T 50, loss, backward, Adam step; 1 thread, Xeon)
-// the layer took 600-5,600 page faults per step without the pool and none with it, and
-// its step took: LSTM hidden 64 6.8 -> 5.4 ms, 128 18.7 -> 16.0, 256 68 -> 61.7; GRU 64
-// 5.5 -> 4.6, 128 17.6 -> 12.6, 256 55.5 -> 46.7. BufferPool::empty serves requests of at
+// next call asks; whether it does depends on what else the process allocated. A training
+// loop then faults the layer's buffers in anew at every step, hundreds to thousands of
+// page faults, a cost of the order of a small layer's pointwise work; with the pool a
+// step takes none (the benchmark's `alone` section counts them: docs/benchmarks.md).
+// BufferPool::empty serves requests of at
 // least kMinBytes from blocks that tensors of earlier calls gave back (a block returns
 // to the pool when the last tensor using its memory dies; none of them reaches the user),
 // and keeps at most capacity() bytes idle: 256 MiB unless LIGHTNING_RNN_POOL_MB says
