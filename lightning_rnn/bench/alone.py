@@ -9,8 +9,7 @@ own: ``warmup`` then ``steps`` training steps (forward, mean squared output as t
 backward, an Adam step), reporting the median step time and the page faults per step.
 With ``input_grad`` (the default) the input requires grad, as in the grid, so the
 backward computes dx; without it the fused layers skip that GEMM, which torch.nn's oneDNN
-LSTM backward computes either way (1x64 / 1x128, Xeon, 1 thread: ours 5.78 / 16.8 ms
-without dx, 6.44 / 19.3 ms with it; torch.nn 6.1 / 18.6 ms both ways).
+LSTM backward computes either way, so the two settings compare different amounts of work.
 Processes alternate (ours, torch, torch, ours, ...) for ``pairs`` pairs, and a point
 reports the median of its processes' medians.
 

@@ -1,8 +1,8 @@
-"""Measurements behind the callbacks' README figures, as functions the benchmark can call.
+"""The callbacks' own studies (docs/callbacks.md quotes them), as functions the benchmark calls.
 
 Each function returns a plain dict of numbers; times are compared as ratios of runs made
 in one process, interleaved. ``python -m lightning_rnn.bench.callbacks_bench`` prints all
-of them (about five minutes on 2 cores).
+of them (minutes, not seconds).
 
 - :func:`checkpointing_vs_naive`: activation memory of a checkpointed FusedLSTM vs the naive
   LSTMCell loop (torch-rnn's 7x), and its fwd+bwd time vs the same layer without

@@ -281,6 +281,7 @@ class BenchConfig:
     device: str = "cpu"
     seed: int = 0
     out_dir: str | None = None  # None: <hydra run dir>/bench under Hydra, else ./bench_results
+    page: str | None = None  # a Markdown page rebuilt from every result folder next to out_dir; None: none
     plots: bool = True
     table: str = "auto"  # how to print tables: auto (rich if installed), rich, plain, none
     note: str | None = None  # a line printed first and put in every table's header
@@ -306,6 +307,8 @@ class BenchConfig:
         self.seed = _int("bench.seed", self.seed, minimum=0)
         if self.out_dir is not None and not isinstance(self.out_dir, (str, os.PathLike)):
             raise ValueError(f"bench.out_dir: expected a path or null, got {self.out_dir!r}")
+        if self.page is not None and not (isinstance(self.page, (str, os.PathLike)) and str(self.page).endswith(".md")):
+            raise ValueError(f"bench.page: expected the path of a Markdown (.md) file or null, got {self.page!r}")
         self.plots = _bool("bench.plots", self.plots)
         if self.table not in ("auto", "rich", "plain", "none"):
             raise ValueError(f"bench.table: expected one of auto, rich, plain, none, got {self.table!r}")

@@ -14,7 +14,9 @@ Sections (each a field of :class:`~lightning_rnn.bench.config.BenchConfig` with 
 Adding a section = a config dataclass, a ``run_*`` function returning Tables, and one
 entry in :data:`SECTIONS`. Everything is written to the output directory as soon as
 its section finishes: ``<table>.csv``, ``<table>.md``, PNGs, and ``results.md`` (every
-``<table>.md`` in the directory, so re-running one section keeps the others).
+``<table>.md`` in the directory, so re-running one section keeps the others). With
+``page`` set, the benchmark page is rebuilt too, from every result folder next to the
+output directory (:mod:`lightning_rnn.bench.page`).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .config import BenchConfig
 from .callback_figures import run_callback_figures
 from .grid import run_grid
 from .measure import Table
+from .page import TABLE_ORDER, write_page
 from .scaling import run_scaling
 from .varlen import run_varlen
 
@@ -52,7 +55,6 @@ SECTIONS: dict[str, Callable[[BenchConfig, Log], list[Table]]] = {
     "callbacks": lambda cfg, log: run_callback_figures(cfg.callbacks, log=log),
 }
 
-TABLE_ORDER = ("grid", "varlen", "scaling", "features", "projection", "alone", "checkpoint_scaling", "packed_epoch")
 
 
 @dataclass
@@ -96,7 +98,11 @@ def main(cfg: BenchConfig | Mapping | None = None, log: Log | None = None) -> Be
                 if cfg.plots:
                     result.files += _plots(table, out_dir)
                 report.write_results(out_dir, TABLE_ORDER)
+                if cfg.page:
+                    write_page(Path(cfg.page), out_dir.parent)
         result.files.append(out_dir / "results.md")
+        if cfg.page:
+            result.files.append(Path(cfg.page))
     finally:
         torch.set_num_threads(previous_threads)
     log(f"results in {out_dir}")

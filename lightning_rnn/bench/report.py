@@ -174,3 +174,4 @@ def print_table(table: Table, style: str = "auto") -> None:
             Console(width=max(120, 11 * len(headers))).print(rt)
             return
     print(plain_text(table), flush=True)
+
