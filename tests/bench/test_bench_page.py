@@ -88,3 +88,9 @@ def test_the_committed_page_is_what_the_benchmark_writes_from_docs_bench(tmp_pat
     rebuilt = write_page(tmp_path / "docs" / "benchmarks.md", tmp_path / "docs" / "bench").read_text()
     assert (DOCS / "benchmarks.md").read_text() == rebuilt
 
+
+
+@pytest.mark.skipif(not (DOCS / "bench").is_dir(), reason="docs/ is not next to the tests (an installed copy)")
+def test_the_readme_results_table_is_the_latest_xeon_run():
+    table = headline(read_csv(DOCS / "bench" / "xeon" / "grid.csv"))
+    assert table in (REPO / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""The checkpointing study behind the README's figures, on a tiny layer."""
+"""The checkpointing study behind docs/callbacks.md's figures, on a tiny layer."""
 from __future__ import annotations
 
 from lightning_rnn.bench.callback_figures import as_table
