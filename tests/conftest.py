@@ -60,3 +60,27 @@ def widen(request):
     ext.force_widen(request.param)
     yield request.param
     ext.force_widen(-1)
+
+
+@pytest.fixture
+def patch_backend(monkeypatch):
+    """``patch_backend("cpp", padded=..., ...)``: the kernel backend with some entry points
+    replaced for one test (a Backend is frozen: its module's BACKEND is swapped for a copy,
+    and the dispatch cache forgets what layers resolved to); returns the original Backend.
+    Each call starts again from the original."""
+    import dataclasses
+    import importlib
+
+    from lightning_rnn.kernels import dispatch
+
+    originals = {}
+
+    def patch(name: str, **entries):
+        """Replaces ``entries`` of the original backend (not of an earlier patch's copy)."""
+        module = importlib.import_module(f"lightning_rnn.kernels.{name}")
+        original = originals.setdefault(name, module.BACKEND)
+        monkeypatch.setattr(module, "BACKEND", dataclasses.replace(original, **entries))
+        monkeypatch.setattr(dispatch, "_loaded", {})
+        return original
+
+    return patch

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..layers import FusedLSTM
-from ..layers.checkpointing import chunk_length
+from ..kernels.checkpointing import chunk_length
 from ..utils.memory import saved_tensor_bytes
 from .baselines import CellLoop
 

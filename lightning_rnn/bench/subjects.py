@@ -31,7 +31,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from ..kernels import dispatch
 from ..layers import FusedGRU, FusedLSTM, FusedRNNBase
-from ..layers.checkpointing import chunk_length
+from ..kernels.checkpointing import chunk_length
 from ..utils.memory import saved_tensor_bytes
 from .baselines import CellLoop
 from .gemm_only import GemmOnly

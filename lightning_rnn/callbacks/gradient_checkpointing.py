@@ -4,7 +4,7 @@ When fit starts (``on_fit_start``: after the module's ``configure_model`` and ``
 so layers built there count too) every fused layer gets ``checkpoint_chunk_size =
 chunk_size``: its recurrence then saves only its input and the states at chunk
 boundaries and recomputes each chunk during backward (see
-:mod:`lightning_rnn.layers.checkpointing`). Outputs and gradients are the same as without
+:mod:`lightning_rnn.kernels.checkpointing`). Outputs and gradients are the same as without
 it. ``teardown``, or ``on_exception`` when fit raises, restores the layers' own settings.
 
 Optionally, other submodules named in ``modules`` (e.g. ``["head"]``) are wrapped with
@@ -22,7 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from ..layers.checkpointing import check_chunk_size
+from ..kernels.checkpointing import check_chunk_size
 from .fused_layers import fused_layers
 
 

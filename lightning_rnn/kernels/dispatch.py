@@ -1,17 +1,17 @@
-"""Choosing a backend for the fused layers.
+"""Choosing the kernel backend a fused layer runs on.
 
-A *kernel backend* is a module with two functions that run one direction of one
-layer (signatures in :mod:`lightning_rnn.kernels.reference`)::
+Each kernel backend is a :class:`~lightning_rnn.kernels.backends.Backend`, the ``BACKEND``
+of its module, which declares the devices it runs on and its entry points (see
+:mod:`.backends`). ``"reference"`` (plain torch ops, any device) is always available; the
+compiled ones, ``"cpp"`` (CPU) and ``"cuda"``, are built on first use by :func:`load`,
+which raises :class:`BackendUnavailable` where they cannot be.
 
-    lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse) -> (out, h_n, c_n)
-    gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)      -> (out, h_n)
-
-``"reference"`` is always available. Compiled backends are loaded lazily by
-:func:`load`; a backend that cannot be built raises :class:`BackendUnavailable`.
-``"auto"`` takes the first backend of :data:`PREFERENCE` for the device that loads
-(fastest first: the compiled kernel of the device, then ``reference``).
-``"torch"`` is not a kernel backend: the layer hands the whole stack to torch.nn's
-own implementation (the baseline, and an escape hatch).
+:func:`resolve` turns what a layer was given (``backend=``) into a concrete name for a
+device: ``"auto"`` takes the first backend of :data:`PREFERENCE` for the device type that
+loads (the device's compiled kernel, then ``"reference"``) and warns once when it falls
+back; a named backend loads or raises. ``"torch"`` is not a kernel backend: :mod:`.run`
+hands the whole stack to torch.nn's own implementation (the baseline, an escape hatch, and
+what runs on the meta device, under torch.func transforms and while a graph is exported).
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import importlib
 import sys
 import warnings
 from pathlib import Path
-from types import ModuleType
 
 import torch
+
+from .backends import Backend, BackendUnavailable
 
 KERNEL_BACKENDS = ("reference", "cpp", "cuda")
 BACKENDS = ("auto", "torch") + KERNEL_BACKENDS
@@ -34,14 +35,12 @@ _MODULES = {
 # Kernel backends per device type, fastest first; "reference" closes every list.
 PREFERENCE = {"cpu": ("cpp", "reference"), "cuda": ("cuda", "reference")}
 _warned: set[str] = set()
-# (backend asked for, device type) -> the backend it resolved to, once that loaded: every
-# forward asks (resolving anew took ~45 us of a 1x64 forward with the caches a backward
-# leaves, ~18 us with this; resolve still checks the modes on every call).
-_loaded: dict[tuple[str, str], str] = {}
+# (backend asked for, device type) -> the backend it resolved to once that loaded: every
+# forward asks, and a load (an import and a build check) is not free per call.
+_loaded: dict[tuple[str, str], Backend] = {}
 
-
-class BackendUnavailable(RuntimeError):
-    """A compiled backend cannot be used here (no compiler, no GPU, build error)."""
+__all__ = ["BACKENDS", "KERNEL_BACKENDS", "PREFERENCE", "Backend", "BackendUnavailable", "available_backends",
+           "backend", "check_backend_name", "load", "resolve", "resolve_backend"]
 
 
 def check_backend_name(backend: str) -> str:
@@ -50,15 +49,15 @@ def check_backend_name(backend: str) -> str:
     return backend
 
 
-def load(name: str) -> ModuleType:
-    """Import a kernel backend, building it if needed. Raises BackendUnavailable.
+def load(name: str) -> Backend:
+    """The kernel backend ``name``, built if needed. Raises BackendUnavailable.
 
-    Called on every forward: an imported backend is taken from ``sys.modules`` (what
-    ``import_module`` would return, at a fraction of its cost per call)."""
+    Called on every forward: an imported backend module is taken from ``sys.modules``
+    (what ``import_module`` would return, at a fraction of its cost per call)."""
     module = sys.modules.get(_MODULES[name]) or importlib.import_module(_MODULES[name])
-    if name != "reference":
-        module.load()  # builds (once) or raises BackendUnavailable
-    return module
+    backend = module.BACKEND
+    backend.load()  # builds (once) or raises BackendUnavailable
+    return backend
 
 
 def _preference(device: torch.device) -> tuple[str, ...]:
@@ -87,7 +86,15 @@ def _torch_func_active() -> bool:
 
 
 def resolve(backend: str, device: torch.device) -> str:
-    """The concrete backend for ``backend`` on ``device``.
+    """The concrete backend name for ``backend`` on ``device`` (``"torch"`` included); see
+    :func:`resolve_backend`."""
+    found = resolve_backend(backend, device)
+    return "torch" if found is None else found.name
+
+
+def resolve_backend(backend: str, device: torch.device) -> Backend | None:
+    """The kernel backend that runs a layer given ``backend=`` on ``device``, or None for
+    torch.nn's implementation.
 
     ``"auto"`` picks the fastest backend for the device that loads (see
     :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
@@ -95,30 +102,32 @@ def resolve(backend: str, device: torch.device) -> str:
     :class:`BackendUnavailable` instead of falling back. On the meta device (shape
     inference, deferred initialization), inside ``torch.func`` transforms and while a
     graph is captured for export (``torch.export``, ``torch.jit.trace``) every backend
-    resolves to ``"torch"``.
+    resolves to torch.nn's (None).
     """
     check_backend_name(backend)
     device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
-    if device_type == "meta":
-        return "torch"  # shapes only: torch.nn's implementation propagates meta tensors
+    if backend == "torch" or device_type == "meta":
+        return None  # meta: shapes only, torch.nn's implementation propagates meta tensors
     if _torch_func_active():
-        return "torch"  # the kernels' autograd.Functions are not torch.func-transformable
+        return None  # the kernels' autograd.Functions are not torch.func-transformable
     if _is_exporting() or torch.jit.is_tracing():
-        return "torch"  # captured as aten.lstm / aten.gru, which exported programs can run
+        return None  # captured as aten.lstm / aten.gru, which exported programs can run
     loaded = _loaded.get((backend, device_type))
     if loaded is not None:
         return loaded
     if backend != "auto":
-        if backend in KERNEL_BACKENDS:
-            load(backend)
-        _loaded[backend, device_type] = backend
-        return backend
+        found = load(backend)
+        if not found.runs_on(device_type):
+            raise BackendUnavailable(f"backend: {backend!r} runs on {' and '.join(found.devices)} tensors, got "
+                                     f"a tensor on {device_type}")
+        _loaded[backend, device_type] = found
+        return found
     for name in _preference(device):
         try:
-            load(name)
+            found = load(name)
             if name != "reference":  # a fallback tries the faster backends again next call
-                _loaded[backend, device_type] = name
-            return name
+                _loaded[backend, device_type] = found
+            return found
         except (BackendUnavailable, ModuleNotFoundError) as err:
             if name not in _warned:
                 _warned.add(name)
@@ -128,7 +137,7 @@ def resolve(backend: str, device: torch.device) -> str:
                     RuntimeWarning,
                     stacklevel=_caller_level(),
                 )
-    return "reference"
+    return load("reference")
 
 
 def _caller_level() -> int:
@@ -171,7 +180,7 @@ def _summary(err: Exception, max_lines: int = 3, max_chars: int = 1000) -> str:
     return (first + rest)[:max_chars]
 
 
-def kernels(backend: str) -> ModuleType:
-    """The kernel module of a concrete backend name."""
-    return load(backend)
+def backend(name: str) -> Backend:
+    """The :class:`Backend` of a concrete kernel backend name (as :func:`resolve` returns)."""
+    return load(name)
 

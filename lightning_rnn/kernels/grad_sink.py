@@ -1,7 +1,7 @@
 """Weight gradients summed in place across the kernel calls of one backward pass.
 
 Gradient checkpointing runs a layer as chunks of a few steps, each a separate kernel call
-with its own backward (:mod:`lightning_rnn.layers.checkpointing`). Left to autograd, every
+with its own backward (:mod:`lightning_rnn.kernels.checkpointing`). Left to autograd, every
 chunk's backward returns a fresh (out, in) weight gradient per weight, which autograd then
 adds to the others: a fresh allocation and an extra pass over the weight per chunk. A
 :class:`GradSink` instead keeps one running sum per weight for the pass: while it is

@@ -29,7 +29,9 @@ is rebuilt from the gates and the rebuilt c_t, ``h_t`` from it by one GEMM over 
 from __future__ import annotations
 
 import torch
+
 from . import differentiable
+from .backends import Backend
 from .precision import Precision, autocast_off, compute_input
 from .steps import Steps, gather_prev
 
@@ -267,3 +269,12 @@ def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
 
 def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
     return GRUFunction.apply(compute_input(x, w_ih), batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+
+
+def _load():
+    return None  # plain torch ops: nothing to build
+
+
+BACKEND = Backend(
+    name="reference", devices=None, load=_load, lstm=lstm, gru=gru, functions=(LSTMFunction, GRUFunction)
+)

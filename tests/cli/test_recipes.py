@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from lightning_rnn.cli import is_setting_error, missing_sweeper, route_lightning_logs_through_hydra, run, setting_error
 from lightning_rnn.data.corpora import CorpusUnavailableError
 from lightning_rnn.kernels.dispatch import BackendUnavailable
-from lightning_rnn.layers.checkpointing import check_chunk_size
+from lightning_rnn.kernels.checkpointing import check_chunk_size
 from lightning_rnn.tasks import sample, test, train
 from lightning_rnn.tasks.builders import load_model
 

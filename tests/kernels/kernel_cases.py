@@ -28,7 +28,7 @@ COMPILED = [
 
 def kernels_for(backend: str):
     """The backend's kernel module (building it if needed; failures propagate)."""
-    return dispatch.kernels(backend)
+    return dispatch.backend(backend)
 
 
 def make_args(cell, batch_sizes, *, I=3, H=4, bias=True, reverse=False, dtype=torch.float64, device="cpu",
@@ -89,3 +89,4 @@ def check_float32_error(ours_fn, reference_fn, base, weights):
             err = float((got.double() - want).abs().max()) / scale
             ref_err = float((ref.double() - want).abs().max()) / scale
             assert err <= 4 * ref_err + 1e-6, (err, ref_err)
+

@@ -17,7 +17,7 @@ def _call(kernels, cell):
 
 
 def _function(kernels, cell):
-    return kernels.LSTMFunction if cell == "lstm" else kernels.GRUFunction
+    return kernels.function(cell)
 
 
 def _is_node(grad_fn) -> bool:
@@ -174,51 +174,42 @@ def _outputs_and_grads(module, x, hx=None):
 
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
-def test_a_stack_without_dropout_runs_in_one_extension_call(layer, bidirectional, monkeypatch):
+def test_a_stack_without_dropout_runs_in_one_extension_call(layer, bidirectional, patch_backend):
     """The cpp backend runs a whole stack in one call (stack_apply, one node per
     layer-direction): the per-layer wrapper is not called, and outputs, states and every
     gradient equal the per-layer path's bit for bit."""
-    from lightning_rnn.kernels import cpp
-
     torch.manual_seed(0)
     module = layer(3, 4, num_layers=3, bidirectional=bidirectional, backend="cpp")
     x = torch.randn(5, 2, 3, requires_grad=True)
-    with monkeypatch.context() as patch:  # the stack and its common call decline: the per-layer path
-        patch.setattr(cpp, "padded", lambda *args: None)
-        patch.setattr(cpp, "stack", lambda *args: None)
-        want = _outputs_and_grads(module, x)
+    patch_backend("cpp", padded=lambda *args: None, stack=lambda *args: None)  # decline: the per-layer path
+    want = _outputs_and_grads(module, x)
 
     def refused(*args):
         raise AssertionError("the per-layer wrapper ran")
 
-    monkeypatch.setattr(cpp, "lstm" if layer is FusedLSTM else "gru", refused)
+    patch_backend("cpp", **{"lstm" if layer is FusedLSTM else "gru": refused})
     got = _outputs_and_grads(module, x)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
 
 
-def test_a_stack_with_dropout_in_training_runs_layer_by_layer(monkeypatch):
+def test_a_stack_with_dropout_in_training_runs_layer_by_layer(patch_backend):
     """Inter-layer dropout (training) is drawn between the layers in Python: no stack call."""
-    from lightning_rnn.kernels import cpp
-
     def refused(*args):
         raise AssertionError("the stack ran with dropout active")
 
     module = FusedLSTM(3, 4, num_layers=2, dropout=0.5, backend="cpp")
-    monkeypatch.setattr(cpp, "stack", refused)
-    monkeypatch.setattr(cpp, "padded", refused)
+    patch_backend("cpp", stack=refused, padded=refused)
     out, _ = module(torch.randn(5, 2, 3))
     assert out.shape == (5, 2, 4)
     with pytest.raises(AssertionError, match="the stack ran"):
         module.eval()(torch.randn(5, 2, 3))  # eval: no dropout, the stack
 
 
-def _spy_padded(monkeypatch) -> list:
+def _spy_padded(patch_backend) -> list:
     """The cpp backend's padded calls (the layers' common call), recorded as they run."""
-    from lightning_rnn.kernels import cpp
-
-    calls, padded = [], cpp.padded
-    monkeypatch.setattr(cpp, "padded", lambda *args: calls.append(args[0]) or padded(*args))
+    calls = []
+    padded = patch_backend("cpp", padded=lambda *args: calls.append(args[0]) or padded(*args)).padded
     return calls
 
 
@@ -235,7 +226,7 @@ PADDED_IDS.append("FusedLSTM-projected")
 
 @pytest.mark.parametrize("layer, config", PADDED_CASES, ids=PADDED_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-def test_the_common_call_runs_padded_as_the_general_path_does(layer, config, dtype, monkeypatch):
+def test_the_common_call_runs_padded_as_the_general_path_does(layer, config, dtype, patch_backend):
     """A padded time-major batch, from zero states or from given ones (the layers' common
     call), takes the extension's padded entry in one step from Python; outputs, states and
     every gradient (the initial states' too) equal the general path's (the stack's call)
@@ -248,25 +239,24 @@ def test_the_common_call_runs_padded_as_the_general_path_does(layer, config, dty
     hx = tuple(given) if len(given) == 2 else given[0]
     strided = torch.randn(2, 5, 3, dtype=dtype).transpose(0, 1).requires_grad_()
     x = torch.randn(5, 2, 3, dtype=dtype, requires_grad=True)
-    calls = _spy_padded(monkeypatch)
+    calls = _spy_padded(patch_backend)
     cases = [(x, None), (strided, None), (x, hx)]
     got = [_outputs_and_grads(module, *case) for case in cases]
     assert calls == [module.cell.name] * 3
-    module._forward_plain = lambda x, hx, weights: None  # the general path
+    patch_backend("cpp", padded=None)  # the general path
     for case, results in zip(cases, got, strict=True):
         for g, w in zip(results, _outputs_and_grads(module, *case), strict=True):
             assert torch.equal(g, w)
     assert len(calls) == 3
 
 
-def test_every_other_call_takes_the_general_path(monkeypatch):
-    """batch_first, a PackedSequence, an unbatched input, states in a list, checkpointing,
-    dropout in training, autocast, and the bad inputs (the general path's clear errors)
-    all go the general way."""
+def test_every_other_call_takes_the_general_path(patch_backend):
+    """batch_first, a PackedSequence, an unbatched input, checkpointing, dropout in
+    training, autocast, and the bad inputs (the general path's clear errors) all go the
+    general way; states checked once, as a tuple or a list, go the padded way."""
     module = FusedLSTM(3, 4, num_layers=2, backend="cpp")
     x = torch.randn(5, 2, 3)
-    calls = _spy_padded(monkeypatch)
-    module(x, [torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)])
+    calls = _spy_padded(patch_backend)
     module(x[:, 0])
     module(torch.nn.utils.rnn.pack_padded_sequence(x, [5, 3]))
     FusedLSTM(3, 4, batch_first=True, backend="cpp")(x)
@@ -285,11 +275,12 @@ def test_every_other_call_takes_the_general_path(monkeypatch):
     assert calls == []
     module(x)
     module(x, (torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)))
-    assert calls == ["lstm", "lstm"]
+    module(x, [torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)])
+    assert calls == ["lstm", "lstm", "lstm"]
 
 
 @pytest.mark.parametrize("layer", [FusedLSTM, FusedGRU])
-def test_a_layer_refuses_forward_mode_ad_on_the_common_call(layer, monkeypatch):
+def test_a_layer_refuses_forward_mode_ad_on_the_common_call(layer, patch_backend):
     """A dual input in the common call's shape (padded, zero states) is declined by the
     padded entry and refused by the Python Function with torch's error, under no_grad
     too, rather than run without its tangent."""
@@ -297,14 +288,14 @@ def test_a_layer_refuses_forward_mode_ad_on_the_common_call(layer, monkeypatch):
 
     module = layer(3, 4, num_layers=2, backend="cpp")
     x = torch.randn(5, 2, 3)
-    calls = _spy_padded(monkeypatch)
+    calls = _spy_padded(patch_backend)
     with torch.no_grad(), fwAD.dual_level():
         with pytest.raises(NotImplementedError, match="jvp"):
             module(fwAD.make_dual(x, torch.ones_like(x)))
     assert calls == [module.cell.name]  # asked, and declined
 
 
-def test_weights_of_several_dtypes_take_the_per_layer_path():
+def test_weights_of_several_dtypes_take_the_per_layer_path(patch_backend):
     """A layer whose weights a parametrization (unsafe=True) turns to float64 runs on the
     per-layer path, which converts its input, as the general path does: the common
     call declines rather than fail in the extension's dtype check."""
@@ -319,7 +310,7 @@ def test_weights_of_several_dtypes_take_the_per_layer_path():
     x = torch.randn(5, 2, 3)
     out, (h, c) = module(x)
     assert out.dtype == h.dtype == c.dtype == torch.float64
-    module._forward_plain = lambda x, hx, weights: None  # the general path
+    patch_backend("cpp", padded=None)  # the general path
     assert torch.equal(out, module(x)[0])
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_rnn.kernels import cpp, dispatch
-from lightning_rnn.kernels.cpp import build
+from lightning_rnn.kernels.extension import build
 
 from kernel_cases import kernels_for, make_args
 
@@ -190,7 +190,7 @@ def test_cuda_backend_never_breaks_a_cpu_install():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the cuda backend is tested by test_backend_parity")
     with pytest.raises(dispatch.BackendUnavailable):
-        dispatch.kernels("cuda")
+        dispatch.backend("cuda")
     assert "cuda" not in dispatch.available_backends("cuda")
 
 
@@ -367,7 +367,7 @@ import sys, torch
 sys.path.insert(0, sys.argv[1])
 from kernel_cases import make_args, run_and_grad
 from lightning_rnn.kernels import cpp, reference
-from lightning_rnn.kernels.cpp import build
+from lightning_rnn.kernels.extension import build
 ext = cpp.load()
 print(" ".join(build.supported_flags(cpp.CFLAGS)))
 assert ext.__file__.startswith(str(build._build_root())), ext.__file__

@@ -91,7 +91,7 @@ def test_float32_close_to_reference(cell, backend, device):
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_gradcheck(cell, schedule, reverse, backend, device):
     kernels = kernels_for(backend)
-    fn = kernels.LSTMFunction if cell == "lstm" else kernels.GRUFunction
+    fn = kernels.function(cell)
     args = make_args(cell, [3, 2, 2, 1] if schedule == "packed" else [3, 3, 3], I=2, H=3, reverse=reverse,
                      device=device)
     assert torch.autograd.gradcheck(fn.apply, args)
@@ -104,7 +104,7 @@ def test_projected_lstm_gradcheck(schedule, reverse, backend, device):
     kernels = kernels_for(backend)
     args = make_args("lstm", [3, 2, 2, 1] if schedule == "packed" else [3, 3, 3], I=2, H=3, P=2, reverse=reverse,
                      device=device)
-    assert torch.autograd.gradcheck(kernels.LSTMFunction.apply, args)
+    assert torch.autograd.gradcheck(kernels.function("lstm").apply, args)
 
 
 @pytest.mark.parametrize("backend,device", COMPILED)
@@ -154,7 +154,7 @@ def test_forward_without_graph_skips_the_function(cell, P, mode, backend, device
     def refused(*_):
         raise AssertionError("the autograd.Function ran without a gradient to record")
 
-    monkeypatch.setattr(kernels.LSTMFunction if cell == "lstm" else kernels.GRUFunction, "apply", refused)
+    monkeypatch.setattr(kernels.function(cell), "apply", refused)
     with _NO_GRAPH[mode]():
         got = _call(kernels, cell)(*detached)
     assert len(got) == len(want)

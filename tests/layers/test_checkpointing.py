@@ -12,7 +12,7 @@ from lightning_rnn import FusedGRU, FusedLSTM
 from lightning_rnn.bench.baselines import CellLoop
 from lightning_rnn.kernels.dispatch import available_backends
 from lightning_rnn.kernels.precision import Precision
-from lightning_rnn.layers.checkpointing import chunk_length, split_steps
+from lightning_rnn.kernels.checkpointing import chunk_length, split_steps
 from lightning_rnn.kernels.steps import Steps
 from lightning_rnn.utils.memory import saved_tensor_bytes
 
@@ -161,23 +161,22 @@ def test_recomputes_under_the_forward_autocast(cell, monkeypatch):
 @pytest.mark.skipif("cpp" not in BACKENDS or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"),
                     reason="needs the cpp backend and oneDNN weight packing")
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_weights_packed_once_per_pass_and_released(bidirectional, mkl_generic, monkeypatch):
+def test_weights_packed_once_per_pass_and_released(bidirectional, mkl_generic, patch_backend):
     """float32, H >= 192: the chunks of a pass share one packed copy of each weight, emptied
     after it (with panels on, whatever this CPU's default; GEMMs chosen for MKL's Intel or
     generic kernels, kernels/csrc/rnn_blas.h)."""
-    import lightning_rnn.layers.recurrent as recurrent
     from lightning_rnn.kernels import cpp
 
     ext = cpp.load()
     default = ext.panels_enabled()
     ext.set_panels(True)
     try:
-        _check_packed_once_per_pass(bidirectional, mkl_generic, monkeypatch, recurrent)
+        _check_packed_once_per_pass(bidirectional, mkl_generic, patch_backend, cpp)
     finally:
         ext.set_panels(default)
 
 
-def _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent):
+def _check_packed_once_per_pass(bidirectional, generic, patch_backend, cpp):
 
     sizes_at_clear, stores = [], []
 
@@ -195,14 +194,12 @@ def _check_packed_once_per_pass(bidirectional, generic, monkeypatch, recurrent):
             sizes_at_clear.append(len(self.store))
             self.store.clear()
 
-    def factory(kernels):
-        make = getattr(kernels, "weight_packs", None)
-        return lambda: stores.append(Recording(make())) or stores[-1]
+    make = cpp.weight_packs
 
     layer = FusedLSTM(256, 256, num_layers=2, bidirectional=bidirectional, backend="cpp")
     x = torch.randn(30, 16, 256, requires_grad=True)  # 80 rows per chunk
     expected = outputs_and_grads(layer, x, x, None)
-    monkeypatch.setattr(recurrent, "_weight_packs", factory)
+    patch_backend("cpp", weight_packs=lambda: stores.append(Recording(make())) or stores[-1])
     layer.checkpoint_chunk_size = "sqrt"  # 6 chunks of 5 steps
     got = outputs_and_grads(layer, x, x, None)
     calls = 1 if not bidirectional else 4  # the whole stack, or each layer-direction

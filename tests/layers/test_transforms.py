@@ -48,10 +48,16 @@ def test_per_sample_gradients_with_vmap_of_grad(fused_class):
 
 @pytest.fixture
 def resolved(monkeypatch):
-    """The backends the layers resolve to, in call order."""
+    """The backends the layers resolve to, in call order (names; "torch" for torch.nn's)."""
     seen = []
-    resolve = dispatch.resolve
-    monkeypatch.setattr(dispatch, "resolve", lambda *a: seen.append(resolve(*a)) or seen[-1])
+    resolve = dispatch.resolve_backend
+
+    def spy(*args):
+        found = resolve(*args)
+        seen.append("torch" if found is None else found.name)
+        return found
+
+    monkeypatch.setattr(dispatch, "resolve_backend", spy)
     return seen
 
 

@@ -150,7 +150,7 @@ def test_hyperparameters_reach_the_logger_with_the_factories_described(tmp_path)
     trainer = tiny_trainer(max_steps=1, logger=CSVLogger(tmp_path))
     trainer.fit(model, batches_loader(regression_batches(1)))
     logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
-    assert logged["rnn"] == {"_target_": "lightning_rnn.layers.cells.FusedLSTM", "_partial_": True, "hidden_size": 5,
+    assert logged["rnn"] == {"_target_": "lightning_rnn.layers.fused.FusedLSTM", "_partial_": True, "hidden_size": 5,
                              "num_layers": 1, "backend": "reference"}
     assert logged["optimizer"]["lr"] == 1e-2 and logged["horizon"] == 2
     assert isinstance(model.hparams.rnn, functools.partial)  # hparams keeps the factory itself

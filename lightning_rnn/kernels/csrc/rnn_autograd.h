@@ -39,7 +39,7 @@ inline std::vector<at::Tensor> python_graph_backward(const char* cell, const std
   // saved: x, gates, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr
   py::tuple inputs = py::make_tuple(saved[0], batch_sizes, saved[2], optional(saved[3]), saved[4], saved[5],
                                     optional(saved[6]), optional(saved[7]), optional(saved[8]), reverse);
-  py::object fn = py::module_::import("lightning_rnn.kernels.cpp.functions").attr("graph_backward");
+  py::object fn = py::module_::import("lightning_rnn.kernels.extension.autograd").attr("graph_backward");
   py::object out = fn(cell, inputs, needs, grads, x_is_input);
   std::vector<at::Tensor> result;
   for (const py::handle g : out) result.push_back(g.is_none() ? at::Tensor() : g.cast<at::Tensor>());

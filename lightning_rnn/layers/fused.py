@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .recurrent import CellSpec, FusedRNNBase
+from ..kernels.cell import GRU, LSTM
+from .recurrent import FusedRNNBase
 
 
 class FusedLSTM(FusedRNNBase):
@@ -15,7 +16,8 @@ class FusedLSTM(FusedRNNBase):
     (``weight_hr_l{k}``, shape (P, H)): output and h_n have P per direction, c_n keeps H.
     """
 
-    cell = CellSpec(name="lstm", num_gates=4, num_states=2, torch_class=nn.LSTM, projects=True)
+    cell = LSTM
+    torch_class = nn.LSTM
 
 
 class FusedGRU(FusedRNNBase):
@@ -25,4 +27,5 @@ class FusedGRU(FusedRNNBase):
     ``forward(input, h_0=None)`` returns ``(output, h_n)``.
     """
 
-    cell = CellSpec(name="gru", num_gates=3, num_states=1, torch_class=nn.GRU)
+    cell = GRU
+    torch_class = nn.GRU

@@ -1,23 +1,20 @@
-"""The compiled CPU backend: one direction of one LSTM/GRU layer in C++.
+"""The compiled CPU backend: the recurrence of the fused layers in C++.
 
 Built just in time from ``kernels/csrc/rnn_cpu.cpp`` on first use (one line on stderr
-says so) and cached on disk; see :mod:`.build`. Signatures and semantics are those of
-:mod:`lightning_rnn.kernels.reference`::
-
-    lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse) -> (out, h_n, c_n)
-    gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)      -> (out, h_n)
+says so) and cached on disk; see :mod:`.extension.build`. Its entry points and their
+semantics are the reference backend's (:mod:`.backends`, :mod:`.reference`); the autograd
+glue is shared with the CUDA backend (:mod:`.extension.autograd`).
 """
 from __future__ import annotations
 
 import os
 from types import ModuleType
 
-from .build import jit_build
-from .functions import make_functions
+from .extension.autograd import make_backend
+from .extension.build import jit_build
 
 SOURCES = ["rnn_cpu.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++20"]
-
 
 POOL_ENV = "LIGHTNING_RNN_POOL_MB"
 _pool_env_checked = False
@@ -33,9 +30,8 @@ def load() -> ModuleType:
 
 def check_pool_env() -> None:
     """A ValueError naming ``LIGHTNING_RNN_POOL_MB`` unless it is unset, empty or a whole
-    number of MiB >= 0: the kernels' buffer pool (csrc/rnn_pool.h) reads it with atoll when
-    it first serves a call, which took "0.5", "abc" or " " for 0 (no pool), "1.5" for 1 MiB
-    and 99999999999999 (shifted to bytes past int64) for a negative capacity."""
+    number of MiB >= 0 (the kernels' buffer pool, csrc/rnn_pool.h, reads it with atoll,
+    which would take "0.5" or "abc" for 0 and a huge value for a negative capacity)."""
     global _pool_env_checked
     value = os.environ.get(POOL_ENV, "")
     digits = value.strip()
@@ -52,11 +48,13 @@ def weight_packs():
 
     Kernel calls made inside it pack each weight (same tensor, same version) once;
     ``store.clear()`` drops the copies. Used by gradient checkpointing, whose chunks are
-    separate kernel calls over the same weights (layers/checkpointing.py).
+    separate kernel calls over the same weights (:mod:`.checkpointing`).
     """
     return load().WeightPacks()
 
 
-LSTMFunction, GRUFunction, lstm, gru, stack, padded = make_functions(load)
+BACKEND = make_backend("cpp", ("cpu",), load, weight_packs)
+lstm, gru, stack, padded = BACKEND.lstm, BACKEND.gru, BACKEND.stack, BACKEND.padded
+LSTMFunction, GRUFunction = BACKEND.functions
 
-__all__ = ["load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction", "weight_packs"]
+__all__ = ["BACKEND", "load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction", "weight_packs"]

@@ -1,10 +1,12 @@
-"""Normalizing the inputs torch.nn.LSTM/GRU accept into the kernels' packed layout.
+"""One description of a batch for the kernels, from any input torch.nn.LSTM/GRU accept.
 
 torch.nn recurrent layers take a padded tensor ``(T, B, I)`` (``(B, T, I)`` with
 ``batch_first``), an unbatched ``(T, I)`` tensor, or a PackedSequence. The kernels take
 one layout: packed, time-major rows ``(N, I)`` plus ``batch_sizes``. A full batch is
 the packed layout with ``batch_sizes = [B] * T`` (a view, no copy, when time-major);
-torch.nn's path takes it as the ``(T, B, I)`` tensor itself.
+torch.nn's path and the backends' padded entry take it as the ``(T, B, I)`` tensor itself.
+:meth:`SequenceBatch.restore` and :meth:`SequenceBatch.restore_state` give the results
+back in the caller's layout and batch order.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class InputMismatchError(ValueError, TypeError, RuntimeError):
 @dataclass
 class SequenceBatch:
     source: torch.Tensor  # packed: the (N, I) rows; full batches: the (T, B, I) time-major tensor
-    batch_sizes: torch.Tensor  # (T,) int64 on CPU, non-increasing
+    packed_batch_sizes: torch.Tensor | None  # packed input only: its (T,) batch sizes
     sorted_indices: torch.Tensor | None  # packed input only: batch row -> sorted position
     unsorted_indices: torch.Tensor | None
     kind: str  # "packed", "padded" or "unbatched"
@@ -38,6 +40,7 @@ class SequenceBatch:
     num_steps: int
     batch_first: bool = False
     _data: torch.Tensor | None = field(default=None, repr=False)
+    _batch_sizes: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def from_input(cls, input, batch_first: bool, input_size: int) -> "SequenceBatch":
@@ -67,8 +70,21 @@ class SequenceBatch:
         T, B = x.shape[0], x.shape[1]
         if T == 0:
             raise InputMismatchError(f"input: expected at least one time step, got shape {tuple(input.shape)}")
-        batch_sizes = torch.full((T,), B, dtype=torch.int64, device="cpu")  # not the default device: on the host
-        return cls(x, batch_sizes, None, None, kind, B, T, batch_first and kind == "padded")
+        return cls(x, None, None, None, kind, B, T, batch_first and kind == "padded")
+
+    @property
+    def batch_sizes(self) -> torch.Tensor:
+        """(T,) int64 on the host (not the default device), non-increasing: rows per step.
+        A full batch's are made on first use (the padded entry needs none)."""
+        if self.packed_batch_sizes is not None:
+            return self.packed_batch_sizes
+        if self._batch_sizes is None:
+            self._batch_sizes = torch.full((self.num_steps,), self.batch, dtype=torch.int64, device="cpu")
+        return self._batch_sizes
+
+    @property
+    def device(self) -> torch.device:
+        return self.source.device
 
     @property
     def data(self) -> torch.Tensor:
@@ -97,10 +113,13 @@ class SequenceBatch:
         return y.transpose(0, 1) if self.batch_first else y
 
     def sort_state(self, state: torch.Tensor) -> torch.Tensor:
-        """(L*D, B, H) in the caller's batch order -> the kernels' length-sorted order."""
+        """(L*D, B, H) in the caller's batch order (an unbatched input's (L*D, H) too) -> the
+        kernels' layout and length-sorted order."""
+        if self.unbatched:
+            return state.unsqueeze(1)
         return state if self.sorted_indices is None else state.index_select(1, self.sorted_indices)
 
-    def unsort_state(self, state: torch.Tensor) -> torch.Tensor:
+    def restore_state(self, state: torch.Tensor) -> torch.Tensor:
         """(L*D, B, H) in sorted order -> the caller's order (and layout, if unbatched)."""
         if self.unsorted_indices is not None:
             state = state.index_select(1, self.unsorted_indices)

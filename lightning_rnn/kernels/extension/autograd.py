@@ -1,4 +1,4 @@
-"""The autograd side of a compiled kernel extension (shared by the cpp and cuda backends).
+"""The autograd side of a compiled kernel extension, shared by the cpp and cuda backends.
 
 ``lstm()``/``gru()`` record a plain forward with the extension's own C++ autograd node
 (``csrc/rnn_autograd.h``); the autograd.Functions here record it where the node does not
@@ -25,6 +25,7 @@ import torch
 from torch.autograd import forward_ad
 
 from .. import differentiable, reference
+from ..backends import Backend
 from ..grad_sink import GradSink
 from ..precision import Precision, autocast_off, compute_input
 
@@ -147,15 +148,17 @@ def graph_backward(cell: str, inputs: tuple, needs: list, grads: list, x_is_inpu
     return [dx, None, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, dw_hr]
 
 
-def make_functions(get_ext: Callable[[], ModuleType]):
-    """Returns ``(LSTMFunction, GRUFunction, lstm, gru, stack, padded)`` running the extension
-    ``get_ext()`` loads.
+def make_backend(name: str, devices: tuple[str, ...], get_ext: Callable[[], ModuleType],
+                 weight_packs: Callable[[], object] | None = None) -> Backend:
+    """The :class:`~lightning_rnn.kernels.backends.Backend` running the extension ``get_ext()``
+    loads (which builds it on first use).
 
     ``lstm``/``gru`` record a plain forward with the extension's C++ autograd node (see
     :func:`_graph`), and run the extension directly, without any node, where nothing
     needs a gradient (inference, ``no_grad``, frozen layers): a node, its saved tensors
     and the autocast context cost more than the kernel itself in a one-step call
-    (token-by-token generation).
+    (token-by-token generation). Precisions the extension lacks run on the reference
+    backend's functions.
     """
     LSTMFunction = _cell_function("lstm", 2, get_ext)
     GRUFunction = _cell_function("gru", 1, get_ext)
@@ -193,7 +196,7 @@ def make_functions(get_ext: Callable[[], ModuleType]):
         inter-layer dropout: ``(out (N, D*P), [h_n, c_n])``; or None where a call needs what
         only the per-layer path has (a precision the extension lacks, weights of several
         dtypes, the Python Function: see :func:`_graph`). states: h0 (L*D, B, P) and the
-        LSTM's c0; weights: per layer-direction, as the layers' layer_weights gives them."""
+        LSTM's c0; weights: per layer-direction, as the layers give them."""
         w_ih = weights[0][0]
         p = Precision.for_call(x, w_ih)
         if (p.compute, p.state) not in _SUPPORTED:
@@ -209,16 +212,21 @@ def make_functions(get_ext: Callable[[], ModuleType]):
 
     def padded(cell, x, h0, c0, weights, num_layers, num_directions):
         """:func:`stack`'s common call in one step (csrc/rnn_autograd.h: padded_stack_apply):
-        x a padded, time-major (T, B, I) batch in the weights' dtype, float32 or float64,
-        outside autocast; h0 (L*D, B, P) and the LSTM's c0 (L*D, B, H) in x's dtype, or
-        None for zeros. ``(out (T, B, D*P), [h_n, c_n])``, or None where :func:`stack`
-        declines too: where the call needs the Python Function (see :func:`_graph`), or
-        where the layers' weights are of several dtypes (parametrized ones: the per-layer
-        path converts between them)."""
+        x a padded, time-major (T, B, I) batch in the weights' dtype, one of
+        ``PADDED_DTYPES``, outside autocast; h0 (L*D, B, P) and the LSTM's c0 (L*D, B, H)
+        in x's dtype, or None for zeros. ``(out (T, B, D*P), [h_n, c_n])``, or None where
+        :func:`stack` declines too."""
         flat = _stack_weights(weights, x, h0, c0)
         if flat is None:
             return None
         out, *finals = getattr(get_ext(), f"{cell}_padded")(x, h0, c0, flat, num_layers, num_directions)
         return out, finals
 
-    return LSTMFunction, GRUFunction, lstm, gru, stack, padded
+    return Backend(
+        name=name, devices=devices, load=get_ext, lstm=lstm, gru=gru, stack=stack, padded=padded,
+        padded_dtypes=PADDED_DTYPES, weight_packs=weight_packs, functions=(LSTMFunction, GRUFunction),
+    )
+
+
+#: Dtypes of the padded common call: what the extension computes in without autocast.
+PADDED_DTYPES = (torch.float32, torch.float64)

@@ -36,7 +36,7 @@ from types import ModuleType
 import torch
 from torch.utils import cpp_extension
 
-from ..dispatch import BackendUnavailable
+from ..backends import BackendUnavailable
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 

@@ -1,4 +1,4 @@
-"""The compiled CUDA backend: one direction of one LSTM/GRU layer, cuBLAS + fused kernels.
+"""The compiled CUDA backend: the recurrence of the fused layers, cuBLAS + fused kernels.
 
 Same structure as the CPU backend (the shared driver in ``kernels/csrc/rnn_driver.h``):
 per step one cuBLAS GEMM (through ATen, on the current stream) and one fused pointwise
@@ -16,9 +16,9 @@ from types import ModuleType
 
 import torch
 
-from ..cpp.build import jit_build
-from ..cpp.functions import make_functions
-from ..dispatch import BackendUnavailable
+from .backends import BackendUnavailable
+from .extension.autograd import make_backend
+from .extension.build import jit_build
 
 SOURCES = ["rnn_cuda.cpp", "rnn_cuda_kernels.cu"]
 CFLAGS = ["-O3", "-std=c++20"]
@@ -62,6 +62,8 @@ def load() -> ModuleType:
     return jit_build("cuda", SOURCES, CFLAGS, CUDA_CFLAGS)
 
 
-LSTMFunction, GRUFunction, lstm, gru, stack, padded = make_functions(load)
+BACKEND = make_backend("cuda", ("cuda",), load)
+lstm, gru, stack, padded = BACKEND.lstm, BACKEND.gru, BACKEND.stack, BACKEND.padded
+LSTMFunction, GRUFunction = BACKEND.functions
 
-__all__ = ["load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction"]
+__all__ = ["BACKEND", "load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction"]

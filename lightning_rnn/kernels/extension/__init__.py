@@ -1,0 +1,1 @@
+"""What the compiled backends (cpp, cuda) share: the just-in-time build and the autograd glue."""
