@@ -1,13 +1,13 @@
 // One direction of one layer as a C++ autograd node: the driver's forward and backward
 // (rnn_driver.h) recorded by autograd without a Python autograd.Function.
 //
-// Why a C++ node: a Python autograd.Function (kernels/cpp/functions.py) adds its apply,
+// Why a C++ node: a Python autograd.Function (kernels/extension/autograd.py) adds its apply,
 // ctx, saving and a Python backward to every call, a fixed cost that is a visible share of
-// a small layer's time. This node is what the functions.py wrappers call in the common
+// a small layer's time. This node is what the autograd.py wrappers call in the common
 // case, a plain forward + backward. The
 // Python Function stays for what it does in Python: a backward inside gradient
 // checkpointing's GradSink and forward-mode AD (refused there with a clear error).
-// A backward with create_graph=True calls back into Python (functions.py:
+// A backward with create_graph=True calls back into Python (autograd.py:
 // graph_backward), which differentiates a graph of torch ops, as the Function does.
 //
 // Inputs (apply): x (N, I) already in the compute dtype, batch_sizes, h0, c0 (LSTM),

@@ -1,6 +1,6 @@
 // CPU backend: the pointwise passes of the driver as vectorized loops over the H
 // columns of a row, parallelized over batch rows with at::parallel_for (on the calling
-// thread in a build without OpenMP: kernels/cpp/build.py); GEMMs are ATen's (MKL /
+// thread in a build without OpenMP: kernels/extension/build.py); GEMMs are ATen's (MKL /
 // oneDNN), and per-step GEMMs of up to 64 rows the panel kernel of rnn_panels.h.
 // Exposed to Python as lstm_forward/backward, gru_forward/backward.
 #include <torch/extension.h>

@@ -239,7 +239,7 @@ inline at::Tensor projected_prev(const at::Tensor& r, const at::Tensor& w_hr, co
 // dw_ih_into / dw_hh_into (optional, shaped as w_ih / w_hh, in the compute dtype): running
 // sums the weight gradients are added into in place (one GEMM with beta = 1, no fresh
 // result, no separate pass to add it) and returned as dw_ih / dw_hh. Gradient
-// checkpointing sums its chunks' weight gradients this way (layers/checkpointing.py).
+// checkpointing sums its chunks' weight gradients this way (kernels/checkpointing.py).
 template <class Cell, class Dev>
 std::vector<at::Tensor> rnn_backward(const at::Tensor& x_c, const at::Tensor& gates, const at::Tensor& h0,
                                      const OptTensor& c0, const at::Tensor& w_ih, const at::Tensor& w_hh,
