@@ -6,6 +6,8 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..utils.checks import check_int
+
 
 class ContiguousStreams(IterableDataset):
     """Batches of ``(batch_size, seq_len)`` windows in which row ``b`` of batch ``i + 1``
@@ -28,11 +30,9 @@ class ContiguousStreams(IterableDataset):
         super().__init__()
         if tokens.dim() != 1:
             raise ValueError(f"tokens: expected a 1-D tensor of ids, got shape {tuple(tokens.shape)}")
-        for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank!r}")
+        batch_size, seq_len = check_int("batch_size", batch_size, 1), check_int("seq_len", seq_len, 1)
+        world_size = check_int("world_size", world_size, 1)
+        rank = check_int("rank", rank, 0, maximum=world_size - 1)
         num_streams = batch_size * world_size
         self.num_batches = (tokens.numel() - 1) // (num_streams * seq_len)
         if self.num_batches < 1:

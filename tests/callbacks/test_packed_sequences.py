@@ -92,7 +92,9 @@ def test_drop_last_leaves_out_other_sequences_each_epoch_not_the_shortest(bucket
 def test_bad_arguments_and_batches():
     with pytest.raises(ValueError, match="bucket_size: expected None or an int >= 1, got 0"):
         PackedSequences(bucket_size=0)
-    with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= batch_size \(10\), got 5"):
+    with pytest.raises(TypeError, match="bucket_size: expected None or an int >= 1, got '8'"):
+        PackedSequences(bucket_size="8")
+    with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= 10, got 5"):  # the batch size
         LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(20), bucket_size=5)
     with pytest.raises(ValueError, match=r"lengths: expected one length per item of the dataset \(12 given\), but the "
                                          r"sampler draws indices 0..19"):  # was an IndexError from the sort

@@ -132,13 +132,16 @@ def test_forecasting_file_with_only_a_header_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: SequenceClassificationDataModule(min_len="5"), ValueError, "min_len: expected an int >= 1, got '5'"),
-    (lambda: SequenceClassificationDataModule(min_len=1.5, max_len=3), ValueError, "min_len: expected an int >= 1"),
-    (lambda: SequenceClassificationDataModule(max_len=None), ValueError, "max_len: expected an int >= 1, got None"),
-    (lambda: SequenceClassificationDataModule(seed="a"), ValueError, "seed: expected an int, got 'a'"),
-    (lambda: ForecastingDataModule(seed=None), ValueError, "seed: expected an int, got None"),
-    (lambda: AddingProblemDataModule(seed=1.5), ValueError, "seed: expected an int, got 1.5"),
-    (lambda: CopyMemoryDataModule(seed="0"), ValueError, "seed: expected an int, got '0'"),
+    (lambda: SequenceClassificationDataModule(min_len="5"), TypeError, "min_len: expected an int >= 1, got '5'"),
+    (lambda: SequenceClassificationDataModule(min_len=1.5, max_len=3), TypeError, "min_len: expected an int >= 1"),
+    (lambda: SequenceClassificationDataModule(max_len=None), TypeError, "max_len: expected an int >= 10, got None"),
+    (lambda: SequenceClassificationDataModule(min_len=5, max_len=4), ValueError, "max_len: expected an int >= 5, got 4"),
+    (lambda: SequenceClassificationDataModule(num_workers=-1), ValueError, "num_workers: expected an int >= 0, got -1"),
+    (lambda: SequenceClassificationDataModule(seed="a"), TypeError, "seed: expected an int, got 'a'"),
+    (lambda: ForecastingDataModule(seed=None), TypeError, "seed: expected an int, got None"),
+    (lambda: AddingProblemDataModule(seed=1.5), TypeError, "seed: expected an int, got 1.5"),
+    (lambda: AddingProblemDataModule(seq_len=1), ValueError, "seq_len: expected an int >= 2, got 1"),
+    (lambda: CopyMemoryDataModule(seed="0"), TypeError, "seed: expected an int, got '0'"),
     (lambda: ForecastingDataModule(columns=3), TypeError, "columns: expected None, a column name or a list of names"),
 ])
 def test_bad_data_settings_are_named_at_construction(make, error, message):
