@@ -124,8 +124,8 @@ class ForecastingDataModule(RNNDataModule):
         self.num_features = series.shape[1]
         n_train, n_val, _ = split_sizes(len(series), *self.fractions)
         train = series[:n_train]
-        # a feature constant over the training part is only centered (scaled by 1e8 after a
-        # clamp, its later values ran to 1e8 and the val loss to 1e15)
+        # a feature constant over the training part is only centered: divided by a clamped,
+        # tiny std, its later values would reach 1e8
         std = train.std(0)
         self.mean, self.std = train.mean(0), torch.where(std > 1e-8, std, torch.ones_like(std))
         series = (series - self.mean) / self.std

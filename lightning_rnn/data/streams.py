@@ -67,14 +67,14 @@ class ResumableLoader(DataLoader):
       pass the training loop has consumed, as ``batches_done()`` tells (the Trainer's count,
       see :func:`trainer_batches_done`; the loader itself runs ahead of it by the batches
       Lightning prefetches). After :meth:`load_state_dict` the next pass starts at the next
-      unseen batch (a plain DataLoader would start the pass over: the resumed epoch read its
-      first batches twice and its last ones not at all).
+      unseen batch (a plain DataLoader would start the pass over, reading the epoch's first
+      batches twice and its last ones not at all).
     - Its ``generator`` (made for ``shuffle=True`` when none is given) is seeded with
       ``seed + epoch`` at the start of each pass, ``epoch()`` being the Trainer's epoch (the
       passes so far where ``epoch`` is None or returns None), so a shuffled order depends on
       the seed and the epoch only, as a DistributedSampler's does: a resumed run draws the
-      orders the uninterrupted one drew (a plain shuffling DataLoader draws them from the global random state, which a
-      new process does not have where the old one was). ``seed`` defaults to
+      orders the uninterrupted one drew (a plain shuffling DataLoader draws them from the
+      global random state, which a new process does not share). ``seed`` defaults to
       ``torch.initial_seed()`` (the one ``seed_everything`` set).
 
     The rest of the arguments are DataLoader's.

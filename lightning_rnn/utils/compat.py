@@ -50,6 +50,13 @@ def load_checkpoint_file(path_or_url, weights_only: bool | None) -> dict:
     return _load(path_or_url, map_location="cpu", weights_only=weights_only)
 
 
+def skip_hyperparameter_logging(module) -> None:
+    """The Trainer logs none of ``module``'s hyperparameters (what
+    ``save_hyperparameters(logger=False)`` sets, ``module._log_hyperparams``), for a module
+    built by a caller that logs its own record of the run's settings."""
+    module._log_hyperparams = False
+
+
 def switch_to_manual_optimization(module) -> None:
     """Call from the module's ``setup`` hook: the run optimizes manually from here on.
 

@@ -70,8 +70,8 @@ def test_fp16_scales_the_loss_and_skips_inf_steps():
 @pytest.mark.filterwarnings("ignore:MixedPrecision.dtype='fp16'. on CPU:UserWarning")
 def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_settings():
     """With a Trainer's 16-mixed plugin (given as a plugin: Lightning turns precision='16-mixed'
-    into bf16 on CPU) the callback uses the Trainer's scaler; init_scale=1024 was ignored
-    silently (the scale logged was the Trainer's 65536)."""
+    into bf16 on CPU) the callback uses the Trainer's scaler, and refuses an init_scale it
+    could not apply."""
     from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
 
     def trainer_plugin():

@@ -80,8 +80,8 @@ def test_tiny_shakespeare_offline_error_names_data_path(tmp_path, monkeypatch):
 
 
 def test_a_cache_that_is_a_file_or_an_empty_cached_copy_is_named(tmp_path, monkeypatch):
-    """A cache path that is a file was a FileExistsError traceback; an empty cached copy
-    was "chars: expected a non-empty string" from the vocabulary."""
+    """A cache path that is a file, and an empty cached copy, are named as such (not a
+    FileExistsError, nor the vocabulary's "chars: expected a non-empty string")."""
     monkeypatch.setattr(corpora, "download", lambda url, dest: pytest.fail("no download expected"))
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
@@ -97,7 +97,7 @@ def test_a_file_s_byte_order_mark_is_not_a_character(tmp_path):
     path.write_text("abcab" * 400, encoding="utf-8-sig")
     dm = CharCorpusDataModule(path=str(path), batch_size=2, seq_len=10)
     dm.setup()
-    assert dm.vocab.chars == "abc"  # the BOM was a fourth character
+    assert dm.vocab.chars == "abc"  # the BOM is no fourth character
 
 
 def test_char_datamodule_splits_a_file_in_order(tmp_path):

@@ -68,12 +68,11 @@ def test_a_refused_sample_leaves_the_training_mode_as_it_was(model):
 @pytest.mark.parametrize("arguments, error, message", [
     (dict(rnn=rnn_factory(bidirectional=True)), ValueError,
      "rnn: a language model reads left to right; a bidirectional rnn's reverse direction would read"),
-    (dict(embedding_dim=-1), ValueError, "embedding_dim: expected an int >= 1, got -1"),  # was named input_size
-    (dict(scheduler="cosine"), TypeError, "scheduler: expected None or a factory scheduler"),  # failed at fit
+    (dict(embedding_dim=-1), ValueError, "embedding_dim: expected an int >= 1, got -1"),  # not input_size
+    (dict(scheduler="cosine"), TypeError, "scheduler: expected None or a factory scheduler"),  # not at fit
 ])
 def test_bad_model_settings_are_named_at_construction(arguments, error, message):
-    """A bidirectional encoder read the very characters it was to predict: val/loss 0.36 on
-    i.i.d. uniform tokens of entropy 1.61."""
+    """A bidirectional encoder would read the very characters it is to predict."""
     with pytest.raises(error, match=message):
         CharLanguageModel(vocab=VOCAB, **{"rnn": rnn_factory(), "optimizer": adam(), **arguments})
 

@@ -27,8 +27,8 @@ def test_lr_is_the_optimizer_factory_s_and_setting_it_rebuilds_the_factory():
 
 
 def test_lr_find_records_the_losses_and_sets_its_suggestion(tmp_path):
-    """lr_find reads each step's loss from training_step's output (manual optimization returned
-    none: every loss was NaN) and steps its scheduler through the module's optimizer steps."""
+    """lr_find reads each step's loss from training_step's output (none would record NaN) and
+    steps its scheduler through the module's optimizer steps."""
     model = char_lm()
     trainer = tiny_trainer(max_epochs=1, default_root_dir=tmp_path)
     finder = Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(30)), num_training=20,

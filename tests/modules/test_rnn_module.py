@@ -307,8 +307,8 @@ def test_base_module_accepts_any_rnn_factory():
 
 
 def test_train_loss_is_the_batchs_mean_over_its_chunks_weighted_by_their_steps():
-    """Chunks of 4, 4 and 2 steps: train/loss is their mean weighted 4:4:2 (it was the
-    last chunk's loss, whatever Lightning kept of three self.log calls)."""
+    """Chunks of 4, 4 and 2 steps: train/loss is their mean weighted 4:4:2, not the last
+    chunk's loss."""
     model = char_lm(tbptt_steps=4)
     chunk_losses, logged = [], []
     compute_loss = model.compute_loss

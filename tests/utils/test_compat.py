@@ -125,3 +125,21 @@ def test_lightning_checks_manual_optimization_s_trainer_flags_before_setup():
         t.fit(module, loader())
         assert t.global_step == 3  # one step per batch: Lightning leaves the optimization to the module
     assert module.seen == [False] * 6
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_module_whose_hyperparameter_logging_is_skipped_logs_none(tmp_path, skip):
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Sized(Linear):
+        def __init__(self, width: int = 3):
+            super().__init__()
+            self.save_hyperparameters()
+
+    module = Sized()
+    if skip:
+        compat.skip_hyperparameter_logging(module)
+    pl.Trainer(accelerator="cpu", max_steps=1, logger=CSVLogger(tmp_path), enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False).fit(module, loader())
+    logged = "".join(p.read_text() for p in tmp_path.rglob("hparams.yaml"))  # no file: nothing logged
+    assert ("width" in logged) is not skip
