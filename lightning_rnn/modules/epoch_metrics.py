@@ -1,4 +1,5 @@
-"""Per-stage epoch means: the loss (weighted by each batch's targets) and torchmetrics."""
+"""What a module logs: each training batch's loss, and per stage the epoch means of the loss
+(weighted by each batch's targets) and of the torchmetrics."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +15,20 @@ def add_stage_metrics(module: LightningModule, collection: MetricCollection | No
     for stage in STAGES:
         setattr(module, f"{stage}_mean_loss", MeanMetric())
         setattr(module, f"{stage}_metrics", collection.clone(prefix=f"{stage}/") if collection is not None else None)
+
+
+def log_train_loss(module: LightningModule, weighted_loss: torch.Tensor, weight: int, sequences: int) -> torch.Tensor:
+    """Log ``train/loss`` = ``weighted_loss / weight`` (the mean over a batch's chunks, each
+    weighted by its ``loss_weight``) and the metrics derived from it; under DDP the global
+    batch's, summed over every process's rows first. Returns it."""
+    trainer = module.trainer
+    if trainer.world_size > 1:
+        totals = torch.stack([weighted_loss, torch.tensor(weight).to(weighted_loss)])
+        weighted_loss, weight = trainer.strategy.reduce(totals, reduce_op="sum").unbind()
+    mean = weighted_loss / weight
+    module.log("train/loss", mean, prog_bar=True, batch_size=sequences)
+    module.log_dict({f"train/{k}": v for k, v in module.derived_metrics(mean).items()}, batch_size=sequences)
+    return mean
 
 
 def log_epoch(module: LightningModule, stage: str) -> None:

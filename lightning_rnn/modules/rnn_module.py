@@ -103,11 +103,9 @@ class RNNModule(LightningModule):
 
     # ----- model ------------------------------------------------------------------
     def encode(self, inputs, state: State = None, lengths: torch.Tensor | None = None):
-        """Input layer and rnn: ``inputs`` (B, T, ...) -> (outputs (B, T, D*H), state).
-
-        With ``lengths`` the embedded inputs are packed, and the outputs stay packed. Packed
-        ``inputs`` go through the input layer row by row (their ``data``), so it must act on
-        each step alone (an embedding, a linear map), as it does here."""
+        """Input layer and rnn: ``inputs`` (B, T, ...) -> (outputs (B, T, D*H), state). With
+        ``lengths`` the embedded inputs are packed, and the outputs stay packed; packed inputs
+        go through the input layer row by row, so it must act on each step alone."""
         if isinstance(inputs, PackedSequence):
             x = inputs._replace(data=self.input_layer(inputs.data))
         else:
@@ -186,13 +184,7 @@ class RNNModule(LightningModule):
         self.carried.keep("train", state)
         if not weight:  # max_steps reached before the batch's first chunk
             return None
-        if self.trainer.world_size > 1:  # the global batch's loss, before metrics derive from it
-            totals = torch.stack([weighted_loss, torch.tensor(weight).to(weighted_loss)])
-            weighted_loss, weight = self.trainer.strategy.reduce(totals, reduce_op="sum").unbind()
-        mean = weighted_loss / weight
-        self.log("train/loss", mean, prog_bar=True, batch_size=sequences_in(batch))
-        self.log_dict({f"train/{k}": v for k, v in self.derived_metrics(mean).items()},
-                      batch_size=sequences_in(batch))
+        mean = epoch_metrics.log_train_loss(self, weighted_loss, weight, sequences_in(batch))
         # automatic optimization steps with the loss; the loop already did (callbacks such
         # as Lightning's lr_find read the batch's loss from the returned value)
         return loss if self.truncated_bptt is None else mean
@@ -229,13 +221,13 @@ class RNNModule(LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """With truncated BPTT, clips as the Trainer says: here, after a loss scaler (fp16)
         has unscaled the gradients. A subclass that overrides this hook calls super()."""
-        if not self.automatic_optimization:
+        if self.truncated_bptt is not None:
             self.truncated_bptt.clip_gradients(self, optimizer)
 
     def on_validation_model_zero_grad(self) -> None:
         # Lightning zeroes the gradients before a validation in fit; not those of the truncated-BPTT
         # loop's unfinished accumulation, which counts chunks where Lightning counts batches.
-        if self.automatic_optimization or not self.truncated_bptt.backwards_since_step:
+        if self.truncated_bptt is None or not self.truncated_bptt.backwards_since_step:
             super().on_validation_model_zero_grad()
 
     # ----- the Trainer ------------------------------------------------------------
@@ -248,14 +240,10 @@ class RNNModule(LightningModule):
         if stage == "fit" and self.truncated_bptt is not None:
             switch_to_manual_optimization(self)
 
-    def on_fit_start(self) -> None:
+    def on_fit_start(self) -> None:  # and at each validation and test: after the Trainer cast the model
         epoch_metrics.metrics_like_parameters(self)
 
-    def on_validation_start(self) -> None:
-        epoch_metrics.metrics_like_parameters(self)
-
-    def on_test_start(self) -> None:
-        epoch_metrics.metrics_like_parameters(self)
+    on_validation_start = on_test_start = on_fit_start
 
     def on_train_start(self) -> None:
         # once the strategy has moved and cast the parameters; a fit that resumes nothing starts afresh

@@ -148,12 +148,13 @@ def test_schedulers_step_at_their_interval(interval, expected_lr):
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(expected_lr)
 
 
-def test_reduce_on_plateau_steps_after_each_validation_with_val_loss():
-    """Lightning drops a scheduler's `monitor` under manual optimization; the module steps a
-    ReduceLROnPlateau itself after each validation of fit (not the sanity check), with val/loss."""
+@pytest.mark.parametrize("tbptt_steps", [None, 4], ids=["automatic", "tbptt"])
+def test_reduce_on_plateau_steps_after_each_validation_with_val_loss(tbptt_steps):
+    """The module steps a ReduceLROnPlateau after each validation of fit (not the sanity
+    check), with val/loss, whichever way it optimizes."""
     scheduler = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5,
                                   threshold=10.0, threshold_mode="abs")  # no validation counts as better
-    model = char_lm(scheduler=scheduler)
+    model = char_lm(scheduler=scheduler, tbptt_steps=tbptt_steps)
     trainer = tiny_trainer(max_epochs=3, num_sanity_val_steps=1)
     trainer.fit(model, batches_loader(token_batches(1)), batches_loader(token_batches(1)))
     plateau = trainer.lr_scheduler_configs[0].scheduler
@@ -201,7 +202,7 @@ def test_cosine_schedule_without_a_step_count_is_an_error():
         tiny_trainer(max_epochs=1).fit(model, batches_loader(token_batches(1)))
 
 
-def test_bf16_mixed_precision_trains_with_manual_optimization():
+def test_bf16_mixed_precision_trains_with_truncated_bptt():
     model = char_lm(tbptt_steps=4)
     trainer = tiny_trainer(max_epochs=1, precision="bf16-mixed")
     trainer.fit(model, batches_loader(token_batches(2)))
