@@ -31,7 +31,8 @@ class TruncatedBPTT:
     the last batch of an epoch steps whatever it accumulated, then the epoch's schedulers.
 
     Lightning's ``global_step`` counts optimizer steps (one per chunk), so ``max_steps`` may
-    stop a run inside a batch; ``log_every_n_steps`` and ``val_check_interval`` count batches.
+    stop a run inside a batch; ``val_check_interval`` counts batches, and the loggers' step
+    (``log_every_n_steps``) batches per ``accumulate_grad_batches``, as Lightning counts them.
 
     Args:
         steps: time steps per chunk (``tbptt_steps``).
