@@ -90,8 +90,8 @@ LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "ligh
 def route_lightning_logs_through_hydra() -> None:
     """Send Lightning's log lines only through the handlers Hydra configured (the console
     and ``cli.log``). ``import lightning`` gives its package logger a console handler of
-    its own that also propagates to the root logger, so inside a Hydra run every Lightning
-    message was printed twice. LIGHTNING_CHATTER is left out. Outside the CLI (no root
+    its own that also propagates to the root logger: inside a Hydra run every Lightning
+    message would print twice. LIGHTNING_CHATTER is left out. Outside the CLI (no root
     handlers) nothing changes."""
     if not logging.getLogger().handlers or "lightning" not in sys.modules:
         return

@@ -39,6 +39,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.nn.utils.rnn import PackedSequence
 
+from ..utils.checks import check_int
 from ..utils.memory import SavedTensorsMeter
 from .fused_layers import fused_layers
 
@@ -98,13 +99,9 @@ class GPUMemoryLogger(Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, snapshot_path: str | None = None, snapshot_max_entries: int = 100_000):
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps: expected an int >= 1, got {every_n_steps!r}")
-        if isinstance(snapshot_max_entries, bool) or not isinstance(snapshot_max_entries, int) \
-                or snapshot_max_entries < 1:
-            raise ValueError(f"snapshot_max_entries: expected an int >= 1, got {snapshot_max_entries!r}")
-        self.every_n_steps = every_n_steps
-        self.snapshot_path, self.snapshot_max_entries = snapshot_path, snapshot_max_entries
+        self.every_n_steps = check_int("every_n_steps", every_n_steps, 1)
+        self.snapshot_path = snapshot_path
+        self.snapshot_max_entries = check_int("snapshot_max_entries", snapshot_max_entries, 1)
         self._measuring = False
         self._meters: list[SavedTensorsMeter] = []
         self._handles = []

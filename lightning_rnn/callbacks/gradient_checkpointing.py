@@ -38,9 +38,8 @@ class GradientCheckpointing(Callback):
     Args:
         chunk_size: steps per recomputed chunk: ``"sqrt"`` (ceil(sqrt(T)) for each call,
             memory O(sqrt(T))) or an int >= 1. Longer chunks (fewer of them) keep fewer
-            boundary states and run a little faster (about 1 % per chunk fewer), but the
-            chunk that backward recomputes at a time grows: at 3x512, T 50, ``"sqrt"``
-            (8 steps) took 1.42x the time without checkpointing, 25 steps 1.36x (README).
+            boundary states and run a little faster, but the chunk that backward
+            recomputes at a time grows.
         modules: names of other submodules (as in ``named_modules()``) to wrap with
             ``torch.utils.checkpoint``; empty by default.
     """

@@ -33,7 +33,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixed
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.plugins.precision import Precision
 
-from ..utils.checks import check_positive_number
+from ..utils.checks import check_choice, check_int, check_positive_number
 
 _SKIPPED_KEY = "lightning_rnn_skipped_steps"  # beside the GradScaler's state in a checkpoint
 
@@ -85,12 +85,9 @@ class MixedPrecision(Callback):
     """
 
     def __init__(self, dtype: str = "bf16", init_scale: float | None = None, growth_interval: int | None = None):
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        check_choice("dtype", dtype, tuple(DTYPES))
         check_positive_number("init_scale", init_scale, optional=True)  # an inf scale never comes down
-        if growth_interval is not None and (isinstance(growth_interval, bool) or not isinstance(growth_interval, int)
-                                            or growth_interval < 1):
-            raise ValueError(f"growth_interval: expected None or an int >= 1, got {growth_interval!r}")
+        check_int("growth_interval", growth_interval, 1, optional=True)
         given = [name for name, value in (("init_scale", init_scale), ("growth_interval", growth_interval))
                  if value is not None]
         if dtype != "fp16" and given:  # bf16 has fp32's range: no loss scaling, nothing to set

@@ -31,14 +31,14 @@ import time
 from collections.abc import Sequence
 
 import torch
-from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
+from ..data.samplers import LengthBucketBatchSampler
 from ..data.streams import ResumableLoader
-from ..utils.checks import check_flag
-from .length_bucketing import LengthBucketBatchSampler
+from ..utils import compat
+from ..utils.checks import check_flag, check_int
 
 
 def dataset_lengths(dataset, key: str, lengths_key: str = "lengths") -> torch.Tensor:
@@ -92,11 +92,7 @@ class PackedSequences(Callback):
         lengths_key: str = "lengths",
         pack_keys: list[str] | tuple[str, ...] | None = None,
     ):
-        if bucket_size is not None and (
-            isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1
-        ):
-            raise ValueError(f"bucket_size: expected None or an int >= 1, got {bucket_size!r}")
-        self.bucket_size = bucket_size
+        self.bucket_size = check_int("bucket_size", bucket_size, 1, optional=True)
         self.bucketing, self.shuffle = check_flag("bucketing", bucketing), check_flag("shuffle", shuffle)
         for name, key in (("inputs_key", inputs_key), ("lengths_key", lengths_key)):
             if not isinstance(key, str):
@@ -120,11 +116,8 @@ class PackedSequences(Callback):
                 "PackedSequences: the train dataloader must be a torch DataLoader with a batch_size "
                 f"(bucketing replaces its batch sampler), got {type(loader).__name__}"
             )
-        batch_size = loader.batch_size
-        if self.bucket_size is not None and self.bucket_size < batch_size:
-            raise ValueError(f"bucket_size: expected at least the batch size ({batch_size}), got {self.bucket_size}")
-        sampler = LengthBucketBatchSampler(
-            loader.sampler, batch_size, loader.drop_last,
+        sampler = LengthBucketBatchSampler(  # checks that bucket_size is at least the batch size
+            loader.sampler, loader.batch_size, loader.drop_last,
             lengths=dataset_lengths(loader.dataset, self.inputs_key, self.lengths_key),
             bucket_size=self.bucket_size,
             shuffle=self.shuffle,
@@ -144,7 +137,7 @@ class PackedSequences(Callback):
         if stage != "fit" or not self.bucketing or self._restore is not None:
             return
         # Lightning asks this source for the train dataloader after the setup hooks.
-        source = trainer.fit_loop._data_source
+        source = compat.train_dataloader_source(trainer)
         if source.is_module():
             owner, name = source.instance, source.name
             original = getattr(owner, name)
@@ -155,7 +148,7 @@ class PackedSequences(Callback):
             loader = source.instance
             # As Lightning does around the hooks: record the init arguments, so that under DDP it can
             # re-create the batch sampler around its DistributedSampler (else: a TypeError, no `lengths`).
-            with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
+            with compat.recording_loader_arguments():
                 source.instance = self.bucketed(loader)
             self._restore = lambda: setattr(source, "instance", loader)
 
@@ -182,9 +175,7 @@ class PackedSequences(Callback):
         for key in self.pack_keys:
             if not isinstance(batch[key], PackedSequence):
                 batch[key] = pack_padded_sequence(batch[key], lengths.cpu(), batch_first=True, enforce_sorted=False)
-        results = trainer._results  # the batch size Lightning uses for self.log(...) without batch_size
-        if results is not None:
-            results.batch_size = len(lengths)
+        compat.set_logged_batch_size(trainer, len(lengths))
         return real, padded
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:

@@ -19,10 +19,12 @@ class StepLimitedProgressBar(RichProgressBar):
             items["v_num"] = str(items["v_num"])
         return items
 
-    def _get_train_description(self, current_epoch: int) -> str:
-        max_epochs = self.trainer.max_epochs
-        if max_epochs is None or max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        description = f"Epoch {current_epoch}"
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        max_epochs = trainer.max_epochs
+        if max_epochs is None or max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+            return
+        description = f"Epoch {trainer.current_epoch}"
         # padded like Lightning's, so the bar does not shift when validation's bar shows
-        return f"{description:{len(self.validation_description)}}"
+        self.progress.update(self.train_progress_bar_id, description=f"{description:{len(self.validation_description)}}")
+        self.refresh()

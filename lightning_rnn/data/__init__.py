@@ -4,6 +4,7 @@ from .char_corpus import CharCorpusDataModule
 from .classification import SequenceClassificationDataModule, pad_batch
 from .corpora import PYTHON_STDLIB_FILES, CorpusUnavailableError, python_stdlib_text, tiny_shakespeare_path
 from .forecasting import ForecastingDataModule
+from .samplers import LengthBucketBatchSampler
 from .streams import ContiguousStreams, ResumableLoader, StreamLoader, trainer_batches_done
 from .synthetic import COPY_MEMORY_VOCAB, AddingProblemDataModule, CopyMemoryDataModule
 from .vocab import CharVocab
@@ -19,6 +20,7 @@ __all__ = [
     "CorpusUnavailableError",
     "DictDataset",
     "ForecastingDataModule",
+    "LengthBucketBatchSampler",
     "RNNDataModule",
     "ResumableLoader",
     "SequenceClassificationDataModule",

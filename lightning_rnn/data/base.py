@@ -1,13 +1,13 @@
 """Shared pieces of the data modules: dict datasets and the split/loader plumbing."""
 from __future__ import annotations
 
-import numbers
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from ..utils.checks import check_int, check_number
 from .streams import ResumableLoader, trainer_batches_done
 
 SPLITS = ("train", "val", "test")
@@ -29,18 +29,10 @@ class DictDataset(Dataset):
         return {name: t[index] for name, t in self.tensors.items()}
 
 
-def check_positive_int(name: str, value) -> int:
-    """``value`` if it is an int >= 1, else a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    return value
-
-
 def split_sizes(total: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
     """Sizes of contiguous train/val/test parts of ``total`` items."""
     for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 0.5:
-            raise ValueError(f"{name}: expected a float in (0, 0.5), got {value!r}")
+        check_number(name, value, 0, 0.5, low_open=True, high_open=True)
     n_val, n_test = int(total * val_fraction), int(total * test_fraction)
     return total - n_val - n_test, n_val, n_test
 
@@ -57,10 +49,8 @@ class RNNDataModule(LightningDataModule):
 
     def __init__(self, batch_size: int = 32, num_workers: int = 0):
         super().__init__()
-        self.batch_size = check_positive_int("batch_size", batch_size)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers: expected an int >= 0, got {num_workers!r}")
-        self.num_workers = num_workers
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.num_workers = check_int("num_workers", num_workers, 0)
         self.datasets: dict[str, Dataset] = {}
 
     def build_datasets(self) -> dict[str, Dataset]:

@@ -1,11 +1,10 @@
 """Character-level corpus: any local text file or a built-in corpus."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from torch.utils.data import DataLoader
 
-from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
+from ..utils.checks import check_choice, check_file, check_int
+from .base import RNNDataModule, read_text_file, split_sizes
 from .corpora import BUILTIN_CORPORA, load_corpus, tiny_shakespeare_path
 from .streams import ContiguousStreams, StreamLoader, trainer_batches_done
 from .vocab import CharVocab
@@ -41,12 +40,10 @@ class CharCorpusDataModule(RNNDataModule):
         test_fraction: float = 0.05,
     ):
         super().__init__(batch_size=batch_size)
-        if path is None and corpus not in BUILTIN_CORPORA:
-            raise ValueError(f"corpus: expected one of {BUILTIN_CORPORA}, got {corpus!r}")
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"path: no such file {path!r}")
-        self.path, self.corpus, self.cache_dir = path, corpus, cache_dir
-        self.seq_len = check_positive_int("seq_len", seq_len)
+        if path is None:
+            check_choice("corpus", corpus, BUILTIN_CORPORA)
+        self.path, self.corpus, self.cache_dir = check_file("path", path, optional=True), corpus, cache_dir
+        self.seq_len = check_int("seq_len", seq_len, 1)
         self.fractions = (val_fraction, test_fraction)
         split_sizes(1, *self.fractions)  # validates the fractions now, not at setup
         self.vocab: CharVocab | None = None

@@ -12,8 +12,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, random_split
 
-from ..utils.checks import check_seed
-from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
+from ..utils.checks import check_file, check_int, check_seed
+from .base import RNNDataModule, read_text_file, split_sizes
 
 
 class SequenceListDataset(Dataset):
@@ -159,16 +159,11 @@ class SequenceClassificationDataModule(RNNDataModule):
                  max_len: int = 200, batch_size: int = 32, val_fraction: float = 0.1, test_fraction: float = 0.1,
                  seed: int = 0, num_workers: int = 0):
         super().__init__(batch_size=batch_size, num_workers=num_workers)
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"path: no such file {path!r}")
-        self.path = path
-        self.num_samples = check_positive_int("num_samples", num_samples)
-        self.num_classes = check_positive_int("num_classes", num_classes)
-        check_positive_int("min_len", min_len)
-        check_positive_int("max_len", max_len)
-        if not min_len <= max_len:
-            raise ValueError(f"min_len, max_len: expected 1 <= min_len <= max_len, got {min_len}, {max_len}")
-        self.min_len, self.max_len = min_len, max_len
+        self.path = check_file("path", path, optional=True)
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.num_classes = check_int("num_classes", num_classes, 1)
+        self.min_len = check_int("min_len", min_len, 1)
+        self.max_len = check_int("max_len", max_len, self.min_len)  # min_len <= max_len
         self.fractions = (val_fraction, test_fraction)
         split_sizes(1, *self.fractions)
         self.seed = check_seed(seed)

@@ -12,6 +12,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from ..utils.checks import check_choice
 from .base import read_text_file
 
 #: The stdlib modules whose sources make up the embedded corpus, in this order.
@@ -88,13 +89,11 @@ def tiny_shakespeare_path(cache_dir: str | os.PathLike | None = None) -> Path:
 
 def load_corpus(name: str, cache_dir: str | os.PathLike | None = None) -> str:
     """The text of the built-in corpus ``name`` (one of :data:`BUILTIN_CORPORA`)."""
-    if name == "python_stdlib":
+    if check_choice("corpus", name, BUILTIN_CORPORA) == "python_stdlib":
         return python_stdlib_text()
-    if name == "tiny_shakespeare":
-        path = tiny_shakespeare_path(cache_dir)
-        text = read_text_file(path)
-        if not text:
-            raise CorpusUnavailableError(f"the cached copy of tiny-shakespeare, {path}, is empty: delete it to "
-                                         "download it again, or pass data.path=/path/to/input.txt")
-        return text
-    raise ValueError(f"corpus: expected one of {BUILTIN_CORPORA}, got {name!r}")
+    path = tiny_shakespeare_path(cache_dir)
+    text = read_text_file(path)
+    if not text:
+        raise CorpusUnavailableError(f"the cached copy of tiny-shakespeare, {path}, is empty: delete it to "
+                                     "download it again, or pass data.path=/path/to/input.txt")
+    return text

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..utils.checks import check_seed
-from .base import RNNDataModule, check_positive_int, read_text_file, split_sizes
+from ..utils.checks import check_file, check_int, check_seed
+from .base import RNNDataModule, read_text_file, split_sizes
 
 
 class ForecastWindows(Dataset):
@@ -96,15 +96,14 @@ class ForecastingDataModule(RNNDataModule):
                  input_len: int = 96, horizon: int = 24, batch_size: int = 64, val_fraction: float = 0.15,
                  test_fraction: float = 0.15, seed: int = 0, num_workers: int = 0):
         super().__init__(batch_size=batch_size, num_workers=num_workers)
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"path: no such file {path!r}")
+        check_file("path", path, optional=True)
         if columns is not None and not isinstance(columns, str) and (
                 not isinstance(columns, Sequence) or not all(isinstance(c, str) for c in columns)):
             raise TypeError(f"columns: expected None, a column name or a list of names, got {columns!r}")
         self.path, self.columns, self.seed = path, columns, check_seed(seed)
-        self.num_steps = check_positive_int("num_steps", num_steps)
-        self.input_len = check_positive_int("input_len", input_len)
-        self.horizon = check_positive_int("horizon", horizon)
+        self.num_steps = check_int("num_steps", num_steps, 1)
+        self.input_len = check_int("input_len", input_len, 1)
+        self.horizon = check_int("horizon", horizon, 1)
         self.fractions = (val_fraction, test_fraction)
         split_sizes(1, *self.fractions)
         self.num_features: int | None = None  # known after setup
@@ -125,8 +124,8 @@ class ForecastingDataModule(RNNDataModule):
         self.num_features = series.shape[1]
         n_train, n_val, _ = split_sizes(len(series), *self.fractions)
         train = series[:n_train]
-        # a feature constant over the training part is only centered (scaled by 1e8 after a
-        # clamp, its later values ran to 1e8 and the val loss to 1e15)
+        # a feature constant over the training part is only centered: divided by a clamped,
+        # tiny std, its later values would reach 1e8
         std = train.std(0)
         self.mean, self.std = train.mean(0), torch.where(std > 1e-8, std, torch.ones_like(std))
         series = (series - self.mean) / self.std

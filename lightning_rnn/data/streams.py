@@ -6,6 +6,8 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..utils.checks import check_int
+
 
 class ContiguousStreams(IterableDataset):
     """Batches of ``(batch_size, seq_len)`` windows in which row ``b`` of batch ``i + 1``
@@ -28,11 +30,9 @@ class ContiguousStreams(IterableDataset):
         super().__init__()
         if tokens.dim() != 1:
             raise ValueError(f"tokens: expected a 1-D tensor of ids, got shape {tuple(tokens.shape)}")
-        for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank!r}")
+        batch_size, seq_len = check_int("batch_size", batch_size, 1), check_int("seq_len", seq_len, 1)
+        world_size = check_int("world_size", world_size, 1)
+        rank = check_int("rank", rank, 0, maximum=world_size - 1)
         num_streams = batch_size * world_size
         self.num_batches = (tokens.numel() - 1) // (num_streams * seq_len)
         if self.num_batches < 1:
@@ -67,14 +67,14 @@ class ResumableLoader(DataLoader):
       pass the training loop has consumed, as ``batches_done()`` tells (the Trainer's count,
       see :func:`trainer_batches_done`; the loader itself runs ahead of it by the batches
       Lightning prefetches). After :meth:`load_state_dict` the next pass starts at the next
-      unseen batch (a plain DataLoader would start the pass over: the resumed epoch read its
-      first batches twice and its last ones not at all).
+      unseen batch (a plain DataLoader would start the pass over, reading the epoch's first
+      batches twice and its last ones not at all).
     - Its ``generator`` (made for ``shuffle=True`` when none is given) is seeded with
       ``seed + epoch`` at the start of each pass, ``epoch()`` being the Trainer's epoch (the
       passes so far where ``epoch`` is None or returns None), so a shuffled order depends on
       the seed and the epoch only, as a DistributedSampler's does: a resumed run draws the
-      orders the uninterrupted one drew (a plain shuffling DataLoader draws them from the global random state, which a
-      new process does not have where the old one was). ``seed`` defaults to
+      orders the uninterrupted one drew (a plain shuffling DataLoader draws them from the
+      global random state, which a new process does not share). ``seed`` defaults to
       ``torch.initial_seed()`` (the one ``seed_everything`` set).
 
     The rest of the arguments are DataLoader's.

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..utils.checks import check_seed
-from .base import SPLITS, DictDataset, RNNDataModule, check_positive_int
+from ..utils.checks import check_int, check_seed
+from .base import SPLITS, DictDataset, RNNDataModule
 
 #: Copy-memory symbols: id 0 is the blank, 1-8 the symbols to copy, 9 the delimiter.
 COPY_MEMORY_VOCAB = "-ABCDEFGH:"
@@ -59,7 +59,7 @@ class _SyntheticDataModule(RNNDataModule):
     def __init__(self, num_train: int, num_val: int, num_test: int, batch_size: int, seed: int):
         super().__init__(batch_size=batch_size)
         self.sizes = {
-            split: check_positive_int(f"num_{split}", n) for split, n in zip(SPLITS, (num_train, num_val, num_test))
+            split: check_int(f"num_{split}", n, 1) for split, n in zip(SPLITS, (num_train, num_val, num_test))
         }
         self.seed = check_seed(seed)
 
@@ -80,9 +80,7 @@ class AddingProblemDataModule(_SyntheticDataModule):
     def __init__(self, seq_len: int = 1000, num_train: int = 10_000, num_val: int = 1000, num_test: int = 1000,
                  batch_size: int = 50, seed: int = 0):
         super().__init__(num_train, num_val, num_test, batch_size, seed)
-        if check_positive_int("seq_len", seq_len) < 2:
-            raise ValueError(f"seq_len: expected an int >= 2, got {seq_len!r}")
-        self.seq_len = seq_len
+        self.seq_len = check_int("seq_len", seq_len, 2)
 
     def generate(self, num_samples, generator):
         return adding_problem(num_samples, self.seq_len, generator)
@@ -97,8 +95,8 @@ class CopyMemoryDataModule(_SyntheticDataModule):
     def __init__(self, delay: int = 100, num_symbols: int = 10, num_train: int = 10_000, num_val: int = 1000,
                  num_test: int = 1000, batch_size: int = 50, seed: int = 0):
         super().__init__(num_train, num_val, num_test, batch_size, seed)
-        self.delay = check_positive_int("delay", delay)
-        self.num_symbols = check_positive_int("num_symbols", num_symbols)
+        self.delay = check_int("delay", delay, 1)
+        self.num_symbols = check_int("num_symbols", num_symbols, 1)
 
     def generate(self, num_samples, generator):
         return copy_memory(num_samples, self.delay, self.num_symbols, generator)

@@ -24,9 +24,8 @@ class CharLanguageModel(RNNModule):
     Logs the loss in nats per character and, derived from it, ``bpc`` (bits per
     character) and ``ppl`` (perplexity). After every validation it samples
     ``val_sample_length`` characters and logs them: under wandb a table of the newest
-    :attr:`val_samples_kept` samples. Each validation logs the whole table again: a table
-    of every sample made each log bigger than the last (the run's files grew quadratically
-    with its validations) and its file lost the newest samples past wandb's 10,000 rows.
+    :attr:`val_samples_kept` samples, logged whole each time (a table of every sample would
+    make each log bigger than the last, and wandb keeps at most 10,000 rows of one).
 
     Args:
         vocab: the characters, stored in the checkpoint so sampling needs nothing else.

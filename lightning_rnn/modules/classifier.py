@@ -7,8 +7,10 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..utils.checks import check_choice, check_int
 from .pooling import final_hidden, mean_over_steps
-from .rnn_module import RNNModule, reject_tbptt
+from .rnn_module import RNNModule
+from .tbptt import reject_tbptt
 
 POOLINGS = ("last", "mean")
 
@@ -29,10 +31,8 @@ class SequenceClassifier(RNNModule):
     """
 
     def __init__(self, input_size: int, num_classes: int, pooling: str = "last", **kwargs):
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling: expected one of {POOLINGS}, got {pooling!r}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes: expected an int >= 2, got {num_classes!r}")
+        check_choice("pooling", pooling, POOLINGS)
+        check_int("num_classes", num_classes, 2)
         reject_tbptt(kwargs.get("tbptt_steps"), "SequenceClassifier predicts one label per sequence from its final state")
         super().__init__(input_size=input_size, **kwargs)
         self.output_layer = nn.Linear(self.rnn_output_size, num_classes)

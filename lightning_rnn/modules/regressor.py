@@ -6,8 +6,10 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
+from ..utils.checks import check_choice, check_int
 from .pooling import final_hidden
-from .rnn_module import RNNModule, reject_tbptt
+from .rnn_module import RNNModule
+from .tbptt import reject_tbptt
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss}
 
@@ -28,11 +30,9 @@ class SequenceRegressor(RNNModule):
     """
 
     def __init__(self, input_size: int, output_size: int, horizon: int = 1, loss: str = "mse", **kwargs):
-        if loss not in LOSSES:
-            raise ValueError(f"loss: expected one of {tuple(LOSSES)}, got {loss!r}")
-        for name, value in (("output_size", output_size), ("horizon", horizon)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        check_choice("loss", loss, tuple(LOSSES))
+        check_int("output_size", output_size, 1)
+        check_int("horizon", horizon, 1)
         reject_tbptt(kwargs.get("tbptt_steps"), "SequenceRegressor predicts one forecast per sequence from its final state")
         super().__init__(input_size=input_size, **kwargs)
         self.output_layer = nn.Linear(self.rnn_output_size, horizon * output_size)

@@ -1,10 +1,9 @@
 """Drawing the next token from logits: temperature and top-k."""
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+
+from ..utils.checks import check_int, check_number
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -30,25 +29,15 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 def check_sampling_arguments(temperature, top_k, temperature_name: str = "temperature") -> tuple[float, int | None]:
     """``(temperature, top_k)`` as a float and an int (from Python, numpy or 0-d tensor
-    numbers); a ValueError naming the argument (the temperature as ``temperature_name``)
-    unless the temperature is finite and >= 0 and ``top_k`` None or >= 1."""
-    temperature = plain_number(temperature)
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
-            or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"{temperature_name}: expected a finite number >= 0, got {temperature!r}")
-    top_k = plain_number(top_k)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
-    return float(temperature), None if top_k is None else int(top_k)
+    numbers): a finite temperature >= 0 (named ``temperature_name``) and ``top_k`` None or >= 1."""
+    temperature = check_number(temperature_name, plain_number(temperature), 0)
+    return temperature, check_int("top_k", plain_number(top_k), 1, optional=True)
 
 
 def check_length(length, name: str = "length") -> int:
     """``length`` (characters to generate) as an int >= 0, from Python, numpy or 0-d tensor
-    integers; a ValueError naming ``name`` otherwise."""
-    length = plain_number(length)
-    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {length!r}")
-    return int(length)
+    integers, named ``name`` in errors."""
+    return check_int(name, plain_number(length), 0)
 
 
 def plain_number(value):

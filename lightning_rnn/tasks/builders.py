@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..kernels import dispatch
 from ..layers import FusedRNNBase
 from ..modules import factories
+from ..utils.compat import skip_hyperparameter_logging
 
 
 def data_model_kwargs(datamodule: LightningDataModule) -> dict:
@@ -48,7 +49,7 @@ def build_model(cfg: DictConfig, datamodule: LightningDataModule) -> LightningMo
             "data module a model_kwargs() method that returns them"
         )
     model = instantiate(cfg.model, **given)
-    model._log_hyperparams = False  # what save_hyperparameters(logger=False) sets
+    skip_hyperparameter_logging(model)
     return model
 
 
@@ -101,7 +102,7 @@ def load_model(cfg: DictConfig) -> LightningModule:
     checkpoint = check_checkpoint_file(cfg, required=True)
     model_class = get_class(checkpoint.get("lightning_rnn_class") or cfg.model._target_)
     model = model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", **backend_override(cfg, checkpoint))
-    model._log_hyperparams = False  # the run logs its config (build_trainer)
+    skip_hyperparameter_logging(model)  # the run logs its config (build_trainer)
     return model
 
 

@@ -70,8 +70,8 @@ def test_fp16_scales_the_loss_and_skips_inf_steps():
 @pytest.mark.filterwarnings("ignore:MixedPrecision.dtype='fp16'. on CPU:UserWarning")
 def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_settings():
     """With a Trainer's 16-mixed plugin (given as a plugin: Lightning turns precision='16-mixed'
-    into bf16 on CPU) the callback uses the Trainer's scaler; init_scale=1024 was ignored
-    silently (the scale logged was the Trainer's 65536)."""
+    into bf16 on CPU) the callback uses the Trainer's scaler, and refuses an init_scale it
+    could not apply."""
     from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
 
     def trainer_plugin():
@@ -88,18 +88,19 @@ def test_fp16_composed_with_a_trainer_scaler_uses_it_and_refuses_its_own_setting
             trainer.fit(TinyClassifier(), loader(n=16))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(dtype="fp8"), "dtype: expected one of 'bf16', 'fp16', got 'fp8'"),
-    (dict(init_scale=0), "init_scale: expected None or a finite number > 0, got 0"),
-    (dict(init_scale="1024"), "init_scale: expected None or a finite number > 0, got '1024'"),  # was a '>' error
-    (dict(init_scale=float("inf")), "init_scale: expected None or a finite number > 0, got inf"),  # never came down
-    (dict(dtype=["bf16"]), r"dtype: expected one of 'bf16', 'fp16', got \['bf16'\]"),  # was 'unhashable type'
-    (dict(growth_interval=0), "growth_interval: expected None or an int >= 1"),
-    (dict(init_scale=1024.0), "init_scale: sets fp16's loss scaling; 'bf16' has none"),  # was ignored
-    (dict(dtype="bf16", growth_interval=3), "growth_interval: sets fp16's loss scaling; 'bf16' has none"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dtype="fp8"), ValueError, "dtype: expected one of 'bf16', 'fp16', got 'fp8'"),
+    (dict(init_scale=0), ValueError, "init_scale: expected None or a finite number > 0, got 0"),
+    (dict(init_scale="1024"), TypeError, "init_scale: expected None or a finite number > 0, got '1024'"),
+    (dict(init_scale=float("inf")), ValueError, "init_scale: expected None or a finite number > 0, got inf"),
+    (dict(dtype=["bf16"]), TypeError, r"dtype: expected one of 'bf16', 'fp16', got \['bf16'\]"),
+    (dict(growth_interval=0), ValueError, "growth_interval: expected None or an int >= 1"),
+    (dict(growth_interval=2.5), TypeError, "growth_interval: expected None or an int >= 1, got 2.5"),
+    (dict(init_scale=1024.0), ValueError, "init_scale: sets fp16's loss scaling; 'bf16' has none"),  # not ignored
+    (dict(dtype="bf16", growth_interval=3), ValueError, "growth_interval: sets fp16's loss scaling; 'bf16' has none"),
 ])
-def test_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         MixedPrecision(**kwargs)
 
 

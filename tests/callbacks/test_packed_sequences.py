@@ -70,8 +70,8 @@ def test_sampler_yields_every_index_once_in_length_sorted_batches():
 
 @pytest.mark.parametrize("bucket_size", [50, 140])
 def test_drop_last_leaves_out_other_sequences_each_epoch_not_the_shortest(bucket_size):
-    """Like BatchSampler: the sampler's last N % batch_size indices, random under shuffling. (The
-    bucket's leftovers, its shortest sequences, were dropped: the same 3 in every epoch.)"""
+    """Like BatchSampler: the sampler's last N % batch_size indices, random under shuffling,
+    not the buckets' leftovers (their shortest sequences, the same ones every epoch)."""
     torch.manual_seed(0)
     lengths = torch.randperm(103) + 1
     sampler = LengthBucketBatchSampler(RandomSampler(range(103)), 10, drop_last=True, lengths=lengths,
@@ -92,16 +92,18 @@ def test_drop_last_leaves_out_other_sequences_each_epoch_not_the_shortest(bucket
 def test_bad_arguments_and_batches():
     with pytest.raises(ValueError, match="bucket_size: expected None or an int >= 1, got 0"):
         PackedSequences(bucket_size=0)
-    with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= batch_size \(10\), got 5"):
+    with pytest.raises(TypeError, match="bucket_size: expected None or an int >= 1, got '8'"):
+        PackedSequences(bucket_size="8")
+    with pytest.raises(ValueError, match=r"bucket_size: expected None or an int >= 10, got 5"):  # the batch size
         LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(20), bucket_size=5)
     with pytest.raises(ValueError, match=r"lengths: expected one length per item of the dataset \(12 given\), but the "
-                                         r"sampler draws indices 0..19"):  # was an IndexError from the sort
+                                         r"sampler draws indices 0..19"):  # not an IndexError from the sort
         list(LengthBucketBatchSampler(range(20), 10, False, lengths=torch.ones(12)))
     with pytest.raises(TypeError, match="PackedSequences: expected dict batches with 'inputs'"):
         PackedSequences().pack(None, (torch.zeros(2, 3, 1), torch.tensor([3, 2])))
     with pytest.raises(TypeError,
                        match=r"expected dict batches with 'inputs' .* got dict with keys \['lengths', 'x'\]"):
-        PackedSequences().pack(None, {"x": torch.zeros(2, 3, 1), "lengths": torch.tensor([3, 2])})  # was KeyError
+        PackedSequences().pack(None, {"x": torch.zeros(2, 3, 1), "lengths": torch.tensor([3, 2])})  # not a KeyError
 
 
 def test_the_bucketed_loader_keeps_the_loader_s_settings():

@@ -37,13 +37,15 @@ def test_streams_of_two_ranks_make_the_one_process_batch():
         assert torch.equal(batch["inputs"], torch.cat([ranks[0][i]["inputs"], ranks[1][i]["inputs"]]))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size"), ({"seq_len": 4000}, "tokens: .* too few"), ({"rank": 2}, "rank"),
-    ({"batch_size": True}, "batch_size: expected an int >= 1, got True"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"batch_size": 0}, ValueError, "batch_size: expected an int >= 1, got 0"),
+    ({"seq_len": 4000}, ValueError, "tokens: .* too few"),
+    ({"rank": 2}, ValueError, r"rank: expected an int in \[0, 0\], got 2"),
+    ({"batch_size": True}, TypeError, "batch_size: expected an int >= 1, got True"),
 ])
-def test_streams_reject_bad_arguments(kwargs, message):
+def test_streams_reject_bad_arguments(kwargs, error, message):
     args = {"tokens": torch.arange(3000), "batch_size": 2, "seq_len": 5, **kwargs}
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         ContiguousStreams(**args)
 
 
@@ -78,8 +80,8 @@ def test_tiny_shakespeare_offline_error_names_data_path(tmp_path, monkeypatch):
 
 
 def test_a_cache_that_is_a_file_or_an_empty_cached_copy_is_named(tmp_path, monkeypatch):
-    """A cache path that is a file was a FileExistsError traceback; an empty cached copy
-    was "chars: expected a non-empty string" from the vocabulary."""
+    """A cache path that is a file, and an empty cached copy, are named as such (not a
+    FileExistsError, nor the vocabulary's "chars: expected a non-empty string")."""
     monkeypatch.setattr(corpora, "download", lambda url, dest: pytest.fail("no download expected"))
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
@@ -95,7 +97,7 @@ def test_a_file_s_byte_order_mark_is_not_a_character(tmp_path):
     path.write_text("abcab" * 400, encoding="utf-8-sig")
     dm = CharCorpusDataModule(path=str(path), batch_size=2, seq_len=10)
     dm.setup()
-    assert dm.vocab.chars == "abc"  # the BOM was a fourth character
+    assert dm.vocab.chars == "abc"  # the BOM is no fourth character
 
 
 def test_char_datamodule_splits_a_file_in_order(tmp_path):
@@ -111,14 +113,15 @@ def test_char_datamodule_splits_a_file_in_order(tmp_path):
     assert dm.vocab.decode(next(iter(dm.val_dataloader()))["inputs"][0]) == text[8000:8020]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"path": "/no/such/file.txt"}, "path: no such file"),
-    ({"corpus": "war_and_peace"}, "corpus: expected one of"),
-    ({"val_fraction": 0.7}, "val_fraction"),
-    ({"val_fraction": "abc"}, "val_fraction: expected a float in \\(0, 0.5\\), got 'abc'"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"path": "/no/such/file.txt"}, ValueError, "path: no such file '/no/such/file.txt'"),
+    ({"path": 3}, TypeError, "path: expected None or a file path, got 3"),
+    ({"corpus": "war_and_peace"}, ValueError, "corpus: expected one of 'python_stdlib', 'tiny_shakespeare'"),
+    ({"val_fraction": 0.7}, ValueError, r"val_fraction: expected a finite number in \(0, 0.5\), got 0.7"),
+    ({"val_fraction": "abc"}, TypeError, r"val_fraction: expected a finite number in \(0, 0.5\), got 'abc'"),
 ])
-def test_char_datamodule_rejects_bad_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_char_datamodule_rejects_bad_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
         CharCorpusDataModule(**kwargs)
 
 

@@ -99,12 +99,12 @@ def test_classification_file_without_the_expected_columns(tmp_path):
      "path: record 2 of data.jsonl: 'sequence' is not numbers, or lists of numbers of one length"),
     ("data.jsonl", '{"sequence": [1, 2], "label": 0}\n\nnot json\n', r"path: line 3 of data.jsonl is not JSON"),
     ("data.csv", 'sequence,label\n1 2,a\n1 x,b\n', "path: record 2 of data.csv: 'sequence' is not numbers"),
-    # files without records were an IndexError from reading the first sequence's features
+    # files without records
     ("data.jsonl", "", r"path: \S*data\.jsonl holds no records"),
     ("data.jsonl", "\n\n", r"path: \S*data\.jsonl holds no records"),
     ("data.csv", "", r"path: \S*data\.csv holds no records"),
     ("data.csv", "sequence,label\n", r"path: \S*data\.csv holds no records"),
-    # a missing label was a class of its own ('' or 'None')
+    # a missing label is no class of its own ('' or 'None')
     ("data.csv", "sequence,label\n1 2,a\n3 4,\n5 6,b\n", "path: record 2 of data.csv has no label"),
     ("data.csv", "sequence,label\n1 2,a\n3 4\n5 6,b\n", "path: record 2 of data.csv has no label"),
     ("data.jsonl", '{"sequence": [1], "label": "a"}\n{"sequence": [2], "label": null}\n',
@@ -132,13 +132,16 @@ def test_forecasting_file_with_only_a_header_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: SequenceClassificationDataModule(min_len="5"), ValueError, "min_len: expected an int >= 1, got '5'"),
-    (lambda: SequenceClassificationDataModule(min_len=1.5, max_len=3), ValueError, "min_len: expected an int >= 1"),
-    (lambda: SequenceClassificationDataModule(max_len=None), ValueError, "max_len: expected an int >= 1, got None"),
-    (lambda: SequenceClassificationDataModule(seed="a"), ValueError, "seed: expected an int, got 'a'"),
-    (lambda: ForecastingDataModule(seed=None), ValueError, "seed: expected an int, got None"),
-    (lambda: AddingProblemDataModule(seed=1.5), ValueError, "seed: expected an int, got 1.5"),
-    (lambda: CopyMemoryDataModule(seed="0"), ValueError, "seed: expected an int, got '0'"),
+    (lambda: SequenceClassificationDataModule(min_len="5"), TypeError, "min_len: expected an int >= 1, got '5'"),
+    (lambda: SequenceClassificationDataModule(min_len=1.5, max_len=3), TypeError, "min_len: expected an int >= 1"),
+    (lambda: SequenceClassificationDataModule(max_len=None), TypeError, "max_len: expected an int >= 10, got None"),
+    (lambda: SequenceClassificationDataModule(min_len=5, max_len=4), ValueError, "max_len: expected an int >= 5, got 4"),
+    (lambda: SequenceClassificationDataModule(num_workers=-1), ValueError, "num_workers: expected an int >= 0, got -1"),
+    (lambda: SequenceClassificationDataModule(seed="a"), TypeError, "seed: expected an int, got 'a'"),
+    (lambda: ForecastingDataModule(seed=None), TypeError, "seed: expected an int, got None"),
+    (lambda: AddingProblemDataModule(seed=1.5), TypeError, "seed: expected an int, got 1.5"),
+    (lambda: AddingProblemDataModule(seq_len=1), ValueError, "seq_len: expected an int >= 2, got 1"),
+    (lambda: CopyMemoryDataModule(seed="0"), TypeError, "seed: expected an int, got '0'"),
     (lambda: ForecastingDataModule(columns=3), TypeError, "columns: expected None, a column name or a list of names"),
 ])
 def test_bad_data_settings_are_named_at_construction(make, error, message):
@@ -196,13 +199,13 @@ def test_forecasting_columns_may_be_one_name(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("temp,wind\n1.5,2\n2.5,n/a\n", r"path: line 3 of series.csv, column 'wind': expected a finite number, got 'n/a'"),
     ("temp,wind\n1.5,2\n2.5\n", r"path: line 3 of series.csv, column 'wind': expected a finite number, got None"),
-    # were read as nan / inf: a run with a nan loss that exited 0
+    # not read as nan / inf (a run with a nan loss)
     ("temp,wind\n1.5,2\nnan,3\n", r"path: line 3 of series.csv, column 'temp': expected a finite number, got 'nan'"),
     ("temp,wind\n1.5,-inf\n", r"path: line 2 of series.csv, column 'wind': expected a finite number, got '-inf'"),
-    # the last of two columns of one name was read twice
+    # not the last of two columns of one name twice
     ("temp,temp\n1.5,2\n", r"path: the header of series.csv names 'temp' more than once"),
-    ("", r"path: \S*series.csv is empty \(expected a header"),  # blamed `columns`
-    (b"temp\n1.5\n2\xe9\n", r"path: \S*series.csv is not UTF-8 text"),  # a UnicodeDecodeError traceback
+    ("", r"path: \S*series.csv is empty \(expected a header"),  # not blamed on `columns`
+    (b"temp\n1.5\n2\xe9\n", r"path: \S*series.csv is not UTF-8 text"),  # not a UnicodeDecodeError
 ])
 def test_forecasting_bad_values_are_named_by_line_and_column(tmp_path, content, message):
     from lightning_rnn.data.forecasting import read_series
@@ -214,9 +217,8 @@ def test_forecasting_bad_values_are_named_by_line_and_column(tmp_path, content, 
 
 
 def test_forecasting_reads_a_spreadsheet_s_byte_order_mark_and_centers_a_constant_feature(tmp_path):
-    """A UTF-8 BOM was part of the first column's name ("columns: ['a'] not found"); a
-    feature constant over the training part was divided by 1e-8, and its later values
-    reached 1e8 (val loss 5e15)."""
+    """A UTF-8 BOM is not part of the first column's name; a feature constant over the
+    training part is centered, not divided by a tiny std."""
     path = tmp_path / "series.csv"
     rows = [f"{0.0 if i < 220 else 1.0},{math.cos(i / 7):.6f}" for i in range(300)]
     path.write_text("a,b\n" + "\n".join(rows) + "\n", encoding="utf-8-sig")
@@ -264,8 +266,8 @@ def test_numeric_class_labels_sort_by_value(tmp_path):
 
 
 def test_class_labels_of_one_value_join_and_nan_sorts_as_text(tmp_path):
-    """1, 1.0 and "1" were classes '1' and '1.0'; a label "nan" made the class order (the
-    label ids) depend on the process's hash seed."""
+    """1, 1.0 and "1" name one class; a label "nan" sorts as text, so the class order (the
+    label ids) does not depend on the process's hash seed."""
     path = tmp_path / "data.jsonl"
     labels = [1, 1.0, "1", "1.0", 2, "nan", "10", "cat"]
     path.write_text("".join(json.dumps({"sequence": [float(i)], "label": v}) + "\n" for i, v in enumerate(labels)))
@@ -281,7 +283,7 @@ def test_classification_reads_latin1_as_an_error_and_a_byte_order_mark_as_nothin
         SequenceClassificationDataModule(path=str(path)).setup()
     path.write_text("sequence,label\n" + "".join(f"{i} {i},{i % 2}\n" for i in range(10)), encoding="utf-8-sig")
     data = SequenceClassificationDataModule(path=str(path))
-    data.setup()  # was "got ['label', '\\ufeffsequence']"
+    data.setup()  # the BOM is not part of the first column's name
     assert data.classes == ["0", "1"]
 
 

@@ -35,18 +35,20 @@ def test_top_k_one_is_greedy(model):
     assert model.sample("a", 15, temperature=1.0, top_k=1, seed=3) == model.sample("a", 15, temperature=0)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(start_text="z"), "start_text: characters not in the vocabulary: 'z'"),
-    (dict(temperature=-1.0), "temperature: expected a finite number >= 0"),
-    (dict(temperature=float("nan")), "temperature: expected a finite number >= 0, got nan"),
-    (dict(temperature=float("inf"), length=0), "temperature"),  # checked before any step
-    (dict(top_k=0), "top_k"),
-    (dict(length=-1), "length"),
-    (dict(seed="1"), "seed: expected None or an int, got '1'"),  # was torch's manual_seed RuntimeError
-    (dict(seed=1.5), "seed: expected None or an int, got 1.5"),
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(start_text="z"), ValueError, "start_text: characters not in the vocabulary: 'z'"),
+    (dict(temperature=-1.0), ValueError, "temperature: expected a finite number >= 0"),
+    (dict(temperature=float("nan")), ValueError, "temperature: expected a finite number >= 0, got nan"),
+    (dict(temperature=float("inf"), length=0), ValueError, "temperature"),  # checked before any step
+    (dict(temperature="hot"), TypeError, "temperature: expected a finite number >= 0, got 'hot'"),
+    (dict(top_k=0), ValueError, "top_k"),
+    (dict(top_k=2.0), TypeError, "top_k: expected None or an int >= 1, got 2.0"),
+    (dict(length=-1), ValueError, "length"),
+    (dict(seed="1"), TypeError, "seed: expected None or an int, got '1'"),  # not torch's manual_seed error
+    (dict(seed=1.5), TypeError, "seed: expected None or an int, got 1.5"),
 ])
-def test_sample_rejects_bad_arguments(model, arguments, message):
-    with pytest.raises(ValueError, match=message):
+def test_sample_rejects_bad_arguments(model, arguments, error, message):
+    with pytest.raises(error, match=message):
         model.sample(**{"start_text": "a", "length": 5, **arguments})
 
 
@@ -66,12 +68,11 @@ def test_a_refused_sample_leaves_the_training_mode_as_it_was(model):
 @pytest.mark.parametrize("arguments, error, message", [
     (dict(rnn=rnn_factory(bidirectional=True)), ValueError,
      "rnn: a language model reads left to right; a bidirectional rnn's reverse direction would read"),
-    (dict(embedding_dim=-1), ValueError, "embedding_dim: expected an int >= 1, got -1"),  # was named input_size
-    (dict(scheduler="cosine"), TypeError, "scheduler: expected None or a factory scheduler"),  # failed at fit
+    (dict(embedding_dim=-1), ValueError, "embedding_dim: expected an int >= 1, got -1"),  # not input_size
+    (dict(scheduler="cosine"), TypeError, "scheduler: expected None or a factory scheduler"),  # not at fit
 ])
 def test_bad_model_settings_are_named_at_construction(arguments, error, message):
-    """A bidirectional encoder read the very characters it was to predict: val/loss 0.36 on
-    i.i.d. uniform tokens of entropy 1.61."""
+    """A bidirectional encoder would read the very characters it is to predict."""
     with pytest.raises(error, match=message):
         CharLanguageModel(vocab=VOCAB, **{"rnn": rnn_factory(), "optimizer": adam(), **arguments})
 
@@ -94,14 +95,14 @@ def test_sample_takes_numpy_and_tensor_numbers(model):
     assert model.sample("a", torch.tensor(10), temperature=0.5, top_k=3, seed=torch.tensor(2)) == expected
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(val_sample_length=-1), "val_sample_length: expected an int >= 0, got -1"),
-    (dict(val_sample_length="200"), "val_sample_length: expected an int >= 0, got '200'"),
-    (dict(val_sample_temperature=-0.5), "val_sample_temperature: expected a finite number >= 0, got -0.5"),
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(val_sample_length=-1), ValueError, "val_sample_length: expected an int >= 0, got -1"),
+    (dict(val_sample_length="200"), TypeError, "val_sample_length: expected an int >= 0, got '200'"),
+    (dict(val_sample_temperature=-0.5), ValueError, "val_sample_temperature: expected a finite number >= 0, got -0.5"),
 ])
-def test_bad_validation_sample_settings_are_refused_at_construction(arguments, message):
+def test_bad_validation_sample_settings_are_refused_at_construction(arguments, error, message):
     """Not after a whole training interval, when the first validation samples."""
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         CharLanguageModel(vocab=VOCAB, rnn=rnn_factory(), optimizer=adam(), **arguments)
 
 

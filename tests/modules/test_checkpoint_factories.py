@@ -154,3 +154,20 @@ def test_hyperparameters_reach_the_logger_with_the_factories_described(tmp_path)
                              "num_layers": 1, "backend": "reference"}
     assert logged["optimizer"]["lr"] == 1e-2 and logged["horizon"] == 2
     assert isinstance(model.hparams.rnn, functools.partial)  # hparams keeps the factory itself
+
+
+def test_a_checkpoint_with_the_former_optimization_arguments_loads_without_them(tmp_path):
+    """Earlier versions took grad_clip, grad_clip_algorithm and accumulate_grad_batches, which
+    are the Trainer's settings now: a checkpoint holding them loads, with a warning."""
+    model = regressor()
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(model, batches_loader(regression_batches(1)))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    saved = torch.load(tmp_path / "model.ckpt", weights_only=True)
+    saved["hyper_parameters"].update(grad_clip=1.0, grad_clip_algorithm="norm", accumulate_grad_batches=1)
+    torch.save(saved, tmp_path / "model.ckpt")
+    with pytest.warns(UserWarning, match=r"grad_clip=1.0, grad_clip_algorithm='norm', accumulate_grad_batches=1 "
+                                         r"are Trainer settings now .* Trainer\(gradient_clip_val=\.\.\."):
+        restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt")
+    torch.testing.assert_close(restored.output_layer.weight, model.output_layer.weight)
+    assert "grad_clip" not in restored.hparams

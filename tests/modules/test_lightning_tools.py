@@ -27,8 +27,8 @@ def test_lr_is_the_optimizer_factory_s_and_setting_it_rebuilds_the_factory():
 
 
 def test_lr_find_records_the_losses_and_sets_its_suggestion(tmp_path):
-    """lr_find reads each step's loss from training_step's output (manual optimization returned
-    none: every loss was NaN) and steps its scheduler through the module's optimizer steps."""
+    """lr_find reads each step's loss from training_step's output (none would record NaN) and
+    steps its scheduler through the module's optimizer steps."""
     model = char_lm()
     trainer = tiny_trainer(max_epochs=1, default_root_dir=tmp_path)
     finder = Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(30)), num_training=20,
@@ -39,32 +39,32 @@ def test_lr_find_records_the_losses_and_sets_its_suggestion(tmp_path):
     assert finder.suggestion() is not None and model.lr == pytest.approx(finder.suggestion())
 
 
-def test_lr_find_with_the_module_s_accumulation_is_an_error():
-    """The finder raises the rate at each optimizer step but records every batch: with the
-    module's accumulate_grad_batches=4 each rate was recorded 4 times and the suggestion
-    (taken where the slope is steepest) set model.lr to ~1e-7."""
-    model = char_lm(accumulate_grad_batches=4)
-    trainer = tiny_trainer(max_epochs=1)
-    with pytest.raises(ValueError, match=r"accumulate_grad_batches=4: Lightning's lr_find .* search with "
-                                         r"accumulate_grad_batches=1"):
-        Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(30)), num_training=20)
-    tiny_trainer(max_epochs=1).fit(model, batches_loader(seeded_batches(4)))  # a fit is fine
+@pytest.mark.parametrize("tbptt_steps, recorded", [(None, 20), (4, 10)], ids=["automatic", "tbptt"])
+def test_lr_find_with_the_trainer_s_accumulation_records_each_rate_once(tbptt_steps, recorded, tmp_path):
+    """The finder raises the rate at every optimizer step (20) and records the loss every
+    accumulate_grad_batches=2 batches; accumulation is the Trainer's, so no rate is recorded
+    twice. (With truncated BPTT a batch of 2 chunks takes one step.)"""
+    model = char_lm(tbptt_steps=tbptt_steps)
+    trainer = tiny_trainer(max_epochs=1, accumulate_grad_batches=2, default_root_dir=tmp_path)
+    finder = Tuner(trainer).lr_find(model, train_dataloaders=batches_loader(seeded_batches(60)), num_training=20,
+                                    min_lr=1e-4, max_lr=1.0, early_stop_threshold=None)
+    losses, lrs = finder.results["loss"], finder.results["lr"]
+    assert len(losses) == recorded and all(loss == loss for loss in losses)  # no NaN
+    assert all(a < b for a, b in zip(lrs, lrs[1:]))
 
 
 def test_a_fit_after_an_unfinished_one_starts_from_no_gradients():
-    """A fit that stopped inside an accumulation cycle (an exception; lr_find with the
-    module's accumulation, before that was refused) left gradients and the module's count
-    of backward passes, and the next fit stepped early with them. It now matches a fresh
-    model's fit."""
+    """A fit that stopped inside an accumulation cycle (an exception, an interrupted search)
+    leaves gradients and the loop's count of backward passes; the next fit must not step
+    early with them: it matches a fresh model's fit."""
     def fitted(search: bool):
         torch.manual_seed(0)
-        model = char_lm(optimizer=functools.partial(torch.optim.SGD, lr=0.1), tbptt_steps=3,
-                        accumulate_grad_batches=2)
+        model = char_lm(optimizer=functools.partial(torch.optim.SGD, lr=0.1), tbptt_steps=3)
         if search:
-            model._backwards_since_step = 1  # as a search ending mid-cycle leaves it
+            model.truncated_bptt.backwards_since_step = 1  # as a search ending mid-cycle leaves it
             for p in model.parameters():
                 p.grad = torch.ones_like(p)
-        tiny_trainer(max_epochs=1).fit(model, batches_loader(seeded_batches(3)))
+        tiny_trainer(max_epochs=1, accumulate_grad_batches=2).fit(model, batches_loader(seeded_batches(3)))
         return [p.detach().clone() for p in model.parameters()]
 
     for after, fresh in zip(fitted(True), fitted(False)):
@@ -94,10 +94,16 @@ def test_a_finetuning_callback_freezes_then_adds_the_rnn_with_its_own_learning_r
     assert not all(torch.equal(p, q) for p, q in zip(model.rnn.parameters(), frozen))
 
 
-def test_gradient_accumulation_scheduler_is_refused_naming_the_module_argument():
+def test_gradient_accumulation_scheduler_works_and_is_refused_with_tbptt():
+    """Lightning's own with automatic optimization; with truncated BPTT (manual) a clear error,
+    not Lightning's advice to switch to automatic optimization."""
     trainer = tiny_trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})])
-    with pytest.raises(ValueError, match="GradientAccumulationScheduler: .* accumulate_grad_batches="):
-        trainer.fit(char_lm(), batches_loader(seeded_batches(2)))
+    trainer.fit(char_lm(), batches_loader(seeded_batches(4)))
+    assert trainer.global_step == 2
+    trainer = tiny_trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})])
+    with pytest.raises(ValueError, match=r"GradientAccumulationScheduler: with tbptt_steps, CharLanguageModel .* "
+                                         r"Trainer\(accumulate_grad_batches=N\)"):
+        trainer.fit(char_lm(tbptt_steps=4), batches_loader(seeded_batches(2)))
 
 
 def test_lightning_cli_checkpoint_loads_and_takes_a_scheduler_class_path(tmp_path):

@@ -63,19 +63,20 @@ def char_data(tmp_path):
     return make
 
 
-@pytest.mark.parametrize(("module_args", "max_steps", "save_step"), [
+@pytest.mark.parametrize(("module_args", "trainer_args", "max_steps", "save_step"), [
     # 3 chunks a batch, a step every 2: the checkpoint at step 4 (after batch 2) has one chunk's gradients
-    (dict(tbptt_steps=3, accumulate_grad_batches=2), 9, 4),
-    (dict(stateful=True), 8, 3),  # the state carried into batch 3
-    (dict(stateful=True, tbptt_steps=3, accumulate_grad_batches=2), 9, 4),
+    (dict(tbptt_steps=3), dict(accumulate_grad_batches=2), 9, 4),
+    (dict(stateful=True), {}, 8, 3),  # the state carried into batch 3
+    (dict(stateful=True), dict(accumulate_grad_batches=2), 5, 2),  # Lightning's accumulation, batches 3-4 next
+    (dict(stateful=True, tbptt_steps=3), dict(accumulate_grad_batches=2, gradient_clip_val=0.05), 9, 4),
 ])
 def test_a_char_lm_resumed_mid_epoch_continues_as_the_uninterrupted_run(tmp_path, char_data, module_args,
-                                                                        max_steps, save_step):
+                                                                        trainer_args, max_steps, save_step):
     def make():
         data = char_data()
         data.setup()
         return char_lm(vocab=data.vocab.chars, optimizer=SGD, **module_args), data
-    assert_resumes_exactly(tmp_path, make, max_steps, save_step)
+    assert_resumes_exactly(tmp_path, make, max_steps, save_step, **trainer_args)
 
 
 def classification(**module_args):

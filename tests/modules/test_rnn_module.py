@@ -1,4 +1,5 @@
-"""RNNModule's training loop: truncated BPTT, carried state, accumulation, clipping, schedulers."""
+"""RNNModule's training: Lightning's automatic optimization, or truncated BPTT's loop; carried state,
+the Trainer's accumulation and clipping, schedulers."""
 import functools
 import math
 import warnings
@@ -26,17 +27,16 @@ class RecordStates(nn.Module):
 
 class RecordGradients(pl.Callback):
     """What each optimizer step sees: the embedding's gradient as the step starts, and the
-    update it applies (with SGD at lr=1, the gradient after the module's clipping)."""
+    update it applies (with SGD at lr=1, the gradient after clipping)."""
 
     def __init__(self):
         self.embedding_grads, self.update_norms, self.update_max = [], [], []
 
     def on_train_start(self, trainer, module):
         for optimizer in trainer.optimizers:
-            optimizer.register_step_pre_hook(lambda *_: self.before(module))
             optimizer.register_step_post_hook(lambda *_: self.after(module))
 
-    def before(self, module):
+    def on_before_optimizer_step(self, trainer, module, optimizer):  # after the backward, before clipping
         self.embedding_grads.append(module.input_layer.weight.grad.clone())
         self.params = [p.detach().clone() for p in module.parameters()]
 
@@ -100,37 +100,41 @@ def test_projected_lstm_carries_its_state_and_feeds_the_head():
     assert len(carried) == 3 and all(hx[0].shape == (2, 2, 3) and hx[1].shape == (2, 2, 8) for hx in carried)
 
 
-def test_accumulation_steps_every_n_chunks_and_flushes_at_epoch_end():
-    model = char_lm(tbptt_steps=4, accumulate_grad_batches=3)
-    trainer = tiny_trainer(max_epochs=1)
+def test_tbptt_accumulation_steps_every_n_chunks_and_flushes_at_epoch_end():
+    model = char_lm(tbptt_steps=4)
+    trainer = tiny_trainer(max_epochs=1, accumulate_grad_batches=3)
     trainer.fit(model, batches_loader(token_batches(2)))  # 4 chunks: one step after 3, one flush
     assert trainer.global_step == 2
 
 
+@pytest.mark.parametrize("tbptt_steps", [None, 4], ids=["automatic", "tbptt"])
 @pytest.mark.parametrize("algorithm, limit", [("norm", 1e-3), ("value", 1e-4)])
-def test_gradients_are_clipped_before_each_step(algorithm, limit):
+def test_the_trainer_s_clipping_applies_before_each_step(algorithm, limit, tbptt_steps):
     grads = RecordGradients()
-    model = char_lm(grad_clip=limit, grad_clip_algorithm=algorithm, tbptt_steps=4,
-                    optimizer=functools.partial(torch.optim.SGD, lr=1.0))
-    tiny_trainer(max_epochs=1, callbacks=[grads]).fit(model, batches_loader(token_batches(2)))
+    model = char_lm(tbptt_steps=tbptt_steps, optimizer=functools.partial(torch.optim.SGD, lr=1.0))
+    trainer = tiny_trainer(max_epochs=1, callbacks=[grads], gradient_clip_val=limit, gradient_clip_algorithm=algorithm)
+    trainer.fit(model, batches_loader(token_batches(2)))
     observed = grads.update_norms if algorithm == "norm" else grads.update_max
-    assert len(observed) == 4 and max(observed) <= limit * 1.001 and min(observed) >= limit * 0.5
+    assert len(observed) == (2 if tbptt_steps is None else 4)
+    assert max(observed) <= limit * 1.001 and min(observed) >= limit * 0.5
 
 
+@pytest.mark.parametrize("tbptt_steps", [None, 8], ids=["automatic", "tbptt"])
 @pytest.mark.filterwarnings("ignore:.*fp16.*:UserWarning")
-def test_fp16_loss_scaling_clips_the_unscaled_gradients():
-    """With a loss scaler the limit applies to the true gradients, not the scaled ones (which
-    are 65536x larger: clipping those left updates of 1.5e-6 for a limit of 0.1)."""
+def test_fp16_loss_scaling_clips_the_unscaled_gradients(tbptt_steps):
+    """With a loss scaler the limit applies to the true gradients, not the scaled ones (65536x
+    larger at the default scale)."""
     from lightning_rnn.callbacks import MixedPrecision
 
     updates = {}
     for precision in ("fp32", "fp16"):
         torch.manual_seed(0)
-        model = char_lm(grad_clip=0.1, optimizer=functools.partial(torch.optim.SGD, lr=1.0))
+        model = char_lm(tbptt_steps=tbptt_steps, optimizer=functools.partial(torch.optim.SGD, lr=1.0))
         before = [p.detach().clone() for p in model.parameters()]
         callbacks = [MixedPrecision(dtype="fp16")] if precision == "fp16" else []
         torch.manual_seed(1)
-        tiny_trainer(max_epochs=1, callbacks=callbacks).fit(model, batches_loader(token_batches(1)))
+        trainer = tiny_trainer(max_epochs=1, callbacks=callbacks, gradient_clip_val=0.1)
+        trainer.fit(model, batches_loader(token_batches(1)))
         updates[precision] = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
     assert updates["fp32"].norm().item() == pytest.approx(0.1, rel=1e-4)  # the limit is active
     assert updates["fp16"].norm().item() == pytest.approx(0.1, rel=1e-2)
@@ -144,12 +148,13 @@ def test_schedulers_step_at_their_interval(interval, expected_lr):
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(expected_lr)
 
 
-def test_reduce_on_plateau_steps_after_each_validation_with_val_loss():
-    """Lightning drops a scheduler's `monitor` under manual optimization; the module steps a
-    ReduceLROnPlateau itself after each validation of fit (not the sanity check), with val/loss."""
+@pytest.mark.parametrize("tbptt_steps", [None, 4], ids=["automatic", "tbptt"])
+def test_reduce_on_plateau_steps_after_each_validation_with_val_loss(tbptt_steps):
+    """The module steps a ReduceLROnPlateau after each validation of fit (not the sanity
+    check), with val/loss, whichever way it optimizes."""
     scheduler = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5,
                                   threshold=10.0, threshold_mode="abs")  # no validation counts as better
-    model = char_lm(scheduler=scheduler)
+    model = char_lm(scheduler=scheduler, tbptt_steps=tbptt_steps)
     trainer = tiny_trainer(max_epochs=3, num_sanity_val_steps=1)
     trainer.fit(model, batches_loader(token_batches(1)), batches_loader(token_batches(1)))
     plateau = trainer.lr_scheduler_configs[0].scheduler
@@ -197,7 +202,7 @@ def test_cosine_schedule_without_a_step_count_is_an_error():
         tiny_trainer(max_epochs=1).fit(model, batches_loader(token_batches(1)))
 
 
-def test_bf16_mixed_precision_trains_with_manual_optimization():
+def test_bf16_mixed_precision_trains_with_truncated_bptt():
     model = char_lm(tbptt_steps=4)
     trainer = tiny_trainer(max_epochs=1, precision="bf16-mixed")
     trainer.fit(model, batches_loader(token_batches(2)))
@@ -264,14 +269,13 @@ def test_split_batch_requires_equal_lengths():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"rnn": nn.LSTM(4, 8)}, TypeError, "rnn: expected a factory"),
-    ({"tbptt_steps": 0}, ValueError, "tbptt_steps"),
-    ({"scheduler_interval": "batch"}, ValueError, "scheduler_interval"),
-    ({"grad_clip": -1.0}, ValueError, "grad_clip"),
-    ({"grad_clip": "5"}, ValueError, "grad_clip: expected None or a number > 0, got '5'"),  # was a bare '>' error
-    ({"stateful": "no"}, TypeError, "stateful: expected a bool, got 'no'"),  # was read as True
-    ({"grad_clip_algorithm": "l2"}, ValueError, "grad_clip_algorithm"),
-    ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches"),
-    ({"optimizer": "adam"}, TypeError, "optimizer"),
+    ({"tbptt_steps": 0}, ValueError, "tbptt_steps: expected None or an int >= 1, got 0"),
+    ({"tbptt_steps": "4"}, TypeError, "tbptt_steps: expected None or an int >= 1, got '4'"),
+    ({"scheduler_interval": "batch"}, ValueError, "scheduler_interval: expected one of 'step', 'epoch', got 'batch'"),
+    ({"scheduler_interval": 1}, TypeError, "scheduler_interval: expected one of 'step', 'epoch', got 1"),
+    ({"stateful": "no"}, TypeError, "stateful: expected a bool, got 'no'"),  # not read as True
+    ({"optimizer": "adam"}, TypeError, "optimizer: expected a factory optimizer"),
+    ({"scheduler": "cosine"}, TypeError, "scheduler: expected None or a factory scheduler"),
     ({"rnn": rnn_factory(bidirectional=True), "stateful": True}, ValueError,
      "stateful: carries the state forward in time, which a bidirectional"),
     ({"rnn": rnn_factory(bidirectional=True), "tbptt_steps": 4}, ValueError, "tbptt_steps: carries the state"),
@@ -304,8 +308,8 @@ def test_base_module_accepts_any_rnn_factory():
 
 
 def test_train_loss_is_the_batchs_mean_over_its_chunks_weighted_by_their_steps():
-    """Chunks of 4, 4 and 2 steps: train/loss is their mean weighted 4:4:2 (it was the
-    last chunk's loss, whatever Lightning kept of three self.log calls)."""
+    """Chunks of 4, 4 and 2 steps: train/loss is their mean weighted 4:4:2, not the last
+    chunk's loss."""
     model = char_lm(tbptt_steps=4)
     chunk_losses, logged = [], []
     compute_loss = model.compute_loss
@@ -325,16 +329,83 @@ def test_train_loss_is_the_batchs_mean_over_its_chunks_weighted_by_their_steps()
         assert logged[batch] != pytest.approx(last)
 
 
-@pytest.mark.parametrize("flag, value, argument", [
-    ("gradient_clip_val", 1.0, "grad_clip=1.0"),
-    ("accumulate_grad_batches", 2, "accumulate_grad_batches=2"),
-])
-def test_trainer_flags_of_automatic_optimization_name_the_module_argument(flag, value, argument):
-    trainer = tiny_trainer(max_epochs=1, **{flag: value})
-    with pytest.raises(ValueError, match=rf"Trainer\({flag}={value}\): CharLanguageModel optimizes manually.*"
-                                         rf"pass {argument} to the module instead \(model\.{argument} on the "
-                                         rf"command line"):
-        trainer.fit(char_lm(), batches_loader(token_batches(1)))
+def test_without_tbptt_lightning_optimizes_with_the_trainer_s_accumulation():
+    """5 batches, a step every 2 and one for the last: Lightning's automatic optimization."""
+    model = char_lm(stateful=True)
+    trainer = tiny_trainer(max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(model, batches_loader(token_batches(5)))
+    assert model.automatic_optimization and trainer.global_step == 3
+
+
+def test_tbptt_with_one_chunk_a_batch_matches_automatic_optimization():
+    """The truncated-BPTT loop applies the Trainer's accumulation and clipping as Lightning does:
+    with chunks as long as the batches, both give the same weights (5 batches: two full
+    accumulation cycles, then the epoch's last batch steps on its own)."""
+    weights = {}
+    for tbptt_steps in (None, 8):
+        torch.manual_seed(0)
+        model = char_lm(tbptt_steps=tbptt_steps, stateful=True, optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+        trainer = tiny_trainer(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.05)
+        torch.manual_seed(1)
+        trainer.fit(model, batches_loader(token_batches(5)))
+        assert trainer.global_step == 6
+        weights[tbptt_steps] = [p.detach().clone() for p in model.parameters()]
+    for automatic, manual in zip(weights[None], weights[8]):
+        torch.testing.assert_close(manual, automatic, rtol=1e-6, atol=1e-7)
+
+
+def test_a_validation_inside_a_tbptt_accumulation_keeps_its_gradients():
+    """Lightning zeroes the gradients before a validation in fit where, counting batches, no
+    accumulation is in progress. The loop counts chunks: batches of 3, 2, 2 and 2 chunks with
+    a step every 2 chunks are inside a cycle after batch 2. The weights must be those of the
+    same run without validation."""
+    weights = []
+    for limit_val_batches in (0, 1):
+        torch.manual_seed(0)
+        batches = token_batches(1, steps=12) + token_batches(3, steps=8)
+        model = char_lm(tbptt_steps=4, optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+        trainer = tiny_trainer(max_epochs=1, accumulate_grad_batches=2, val_check_interval=1,
+                               limit_val_batches=limit_val_batches)
+        trainer.fit(model, batches_loader(batches), batches_loader(token_batches(1)))
+        assert trainer.global_step == 5
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for without, with_validation in zip(*weights):
+        assert torch.equal(without, with_validation)
+
+
+def test_the_module_optimizes_manually_only_in_a_fit_with_tbptt():
+    """Lightning refuses the Trainer's clipping and accumulation for a manually optimized module;
+    the module turns manual in setup, after that check, and is automatic again for the next run,
+    also after a run that raised."""
+    model = char_lm(tbptt_steps=4)
+    seen = []
+
+    class Record(pl.Callback):
+        def on_train_batch_start(self, trainer, module, *args):
+            seen.append(module.automatic_optimization)
+
+    for _ in range(2):
+        tiny_trainer(max_epochs=1, callbacks=[Record()], gradient_clip_val=1.0,
+                     accumulate_grad_batches=2).fit(model, batches_loader(token_batches(1)))
+    assert seen == [False, False]
+    with pytest.raises(ValueError, match="inputs"):  # a run that stops with an error, skipping teardown
+        batch = {"inputs": torch.zeros(2, 8), "targets": torch.zeros(2, 8, dtype=torch.long)}  # not ids
+        tiny_trainer(max_epochs=1).fit(model, batches_loader([batch]))
+    tiny_trainer(max_epochs=1, gradient_clip_val=1.0).fit(model, batches_loader(token_batches(1)))
+    (metrics,) = tiny_trainer(gradient_clip_val=1.0).validate(model, batches_loader(token_batches(1)), verbose=False)
+    assert "val/loss" in metrics
+
+
+def test_a_plateau_scheduler_steps_after_each_validation_inside_an_epoch():
+    """Automatic optimization: Lightning would step it once per epoch; the module steps it
+    after each of the 2 validations of these 4 steps (of an 8-batch epoch)."""
+    scheduler = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5,
+                                  threshold=10.0, threshold_mode="abs")
+    model = char_lm(scheduler=scheduler)
+    trainer = tiny_trainer(max_steps=4, val_check_interval=2)
+    trainer.fit(model, batches_loader(token_batches(8)), batches_loader(token_batches(1)))
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 2
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5)
 
 
 def test_trainer_flags_of_fit_do_not_stop_validation():

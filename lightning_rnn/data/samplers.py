@@ -1,10 +1,13 @@
-"""A batch sampler that puts sequences of similar length in the same batch."""
+"""Batch order: a sampler that puts sequences of similar length in the same batch, and
+whether a loader keeps its rows in order."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Sampler
+
+from ..utils.checks import check_int
 
 
 class LengthBucketBatchSampler(BatchSampler):
@@ -40,11 +43,9 @@ class LengthBucketBatchSampler(BatchSampler):
     ):
         super().__init__(sampler, batch_size, drop_last)
         self.lengths = torch.as_tensor(lengths, dtype=torch.long)
-        if bucket_size is None:
-            bucket_size = 50 * batch_size
-        if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < batch_size:
-            raise ValueError(f"bucket_size: expected None or an int >= batch_size ({batch_size}), got {bucket_size!r}")
-        self.bucket_size, self.shuffle, self.generator = bucket_size, shuffle, generator
+        bucket_size = check_int("bucket_size", bucket_size, batch_size, optional=True)
+        self.bucket_size = 50 * batch_size if bucket_size is None else bucket_size
+        self.shuffle, self.generator = shuffle, generator
 
     def _longest_first(self, indices: torch.Tensor) -> torch.Tensor:
         return indices[torch.sort(self.lengths[indices], descending=True, stable=True).indices]
@@ -76,3 +77,16 @@ class LengthBucketBatchSampler(BatchSampler):
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def reorders_rows(loader) -> bool:
+    """Whether a DataLoader draws its items in random order (a RandomSampler, or the
+    DistributedSampler(shuffle=True) Lightning puts in a shuffling loader under DDP) or
+    regroups them by length (a LengthBucketBatchSampler), so that row i of one batch does
+    not continue row i of the last."""
+    def random(sampler) -> bool:
+        return isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return (random(getattr(loader, "sampler", None)) or isinstance(batch_sampler, LengthBucketBatchSampler)
+            or random(getattr(batch_sampler, "sampler", None)))
