@@ -39,11 +39,11 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def lightning_env(node_rank: int, num_nodes: int, port: int) -> dict[str, str]:
-    """Lightning's variables for the one process of node ``node_rank`` (one device per node):
-    LOCAL_RANK set says the process was started from outside, as on a cluster."""
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node_rank),
-            "WORLD_SIZE": str(num_nodes), "LOCAL_RANK": "0"}
+def lightning_env(node_rank: int, port: int) -> dict[str, str]:
+    """Lightning's variables for the one process of node ``node_rank`` (one device per node).
+    LOCAL_RANK set says the process was started from outside, as on a cluster; the world size
+    is not read from the environment but is ``trainer.num_nodes x trainer.devices``."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node_rank), "LOCAL_RANK": "0"}
 
 
 def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:

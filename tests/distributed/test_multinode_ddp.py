@@ -53,7 +53,7 @@ def launch_nodes(tmp_path, overrides, environment: str):
     if environment == "lightning":
         run_dir, port = tmp_path / "run", free_port()
         run_dir.mkdir()
-        node_envs = [lightning_env(rank, NODES, port) for rank in range(NODES)]
+        node_envs = [lightning_env(rank, port) for rank in range(NODES)]
         run_nodes([*overrides, f"hydra.run.dir={run_dir}"], run_dir, node_envs)
     else:  # one SLURM job of NODES nodes x 1 task: the sweep's job 0
         standin = slurm_standin.install(tmp_path / "slurm")
