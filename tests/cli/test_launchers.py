@@ -38,12 +38,13 @@ def launcher_for(tmp_path, overrides):
     return instantiate(cfg.hydra.launcher), cfg
 
 
-@pytest.mark.parametrize("launcher, gpus", [("slurm", None), ("slurm_gpu", 4)])
-def test_a_slurm_job_has_a_task_per_device_on_each_node(tmp_path, launcher, gpus):
+@pytest.mark.parametrize("launcher, sizes", [("slurm", (2, 4, None)), ("slurm_gpu", (2, 4, 4)),
+                                             ("submitit_slurm", (1, 1, None))])  # the plugin's: sizes by hand
+def test_a_slurm_job_has_a_task_per_device_on_each_node(tmp_path, launcher, sizes):
     slurm, cfg = launcher_for(tmp_path, [f"hydra/launcher={launcher}", "experiment=char_shakespeare_large",
                                          *TWO_NODES])
     assert type(slurm).__module__ + "." + type(slurm).__name__ == SLURM_LAUNCHER
-    assert (slurm.params["nodes"], slurm.params["tasks_per_node"], slurm.params["gpus_per_node"]) == (2, 4, gpus)
+    assert (slurm.params["nodes"], slurm.params["tasks_per_node"], slurm.params["gpus_per_node"]) == sizes
     assert slurm.params["submitit_folder"] == f"{tmp_path}/sweep/.submitit/%j"
     assert cfg.model.rnn.hidden_size == 512  # the recipe's model
     assert (cfg.trainer.strategy, cfg.trainer.num_nodes, cfg.trainer.devices) == ("ddp", 2, 4)
