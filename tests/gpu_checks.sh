@@ -15,7 +15,7 @@
 # Needs torch with CUDA, pytest, nvcc and ninja. The benchmark also needs omegaconf (and
 # antlr4): where pip cannot install them, copy those pure-Python packages into a folder
 # and name it in LRNN_EXTRA_SITE (default: .gpu_site in the repository root, if present);
-# README.md ("The cuda backend") says how.
+# docs/installation.md ("The CUDA backend") says how.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu_results}}

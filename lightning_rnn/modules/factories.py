@@ -76,14 +76,41 @@ def describe(value: Any) -> Any:
 
 
 def rebuild(description: Any) -> Any:
-    """The value :func:`describe` described."""
+    """The value :func:`describe` described (targets of modules this package has since
+    moved are read at their new place, see :data:`MOVED`)."""
     from hydra.utils import instantiate
 
-    return instantiate(description, _convert_="all") if isinstance(description, (dict, list)) else description
+    if not isinstance(description, (dict, list)):
+        return description
+    return instantiate(_moved_targets(description), _convert_="all")
+
+
+#: Module paths of this package that checkpoints written by earlier versions may name.
+MOVED = {"lightning_rnn.layers.cells.": "lightning_rnn.layers.fused.",
+         "lightning_rnn.layers.recurrent.FusedLSTM": "lightning_rnn.layers.fused.FusedLSTM",
+         "lightning_rnn.layers.recurrent.FusedGRU": "lightning_rnn.layers.fused.FusedGRU"}
+
+
+def _moved_targets(description: Any) -> Any:
+    """``description`` with every ``_target_`` (and ``get_object`` path) of :data:`MOVED` renamed."""
+    if isinstance(description, list):
+        return [_moved_targets(v) for v in description]
+    if not isinstance(description, dict):
+        return description
+    renamed = {}
+    for key, value in description.items():
+        if key in ("_target_", "path") and isinstance(value, str):
+            for old, new in MOVED.items():
+                if value.startswith(old):
+                    value = new + value[len(old):]
+        renamed[key] = _moved_targets(value)
+    return renamed
 
 
 def _path_of(obj: Any) -> str:
-    """``module.qualname`` of ``obj``, checked to import back to ``obj`` itself."""
+    """``module.qualname`` of ``obj``, checked to import back to ``obj`` itself; for what this
+    package exports at its top (``lightning_rnn.FusedLSTM``) that shorter path, which stays
+    valid when the defining module moves."""
     if isinstance(obj, torch.dtype):
         path = str(obj)  # "torch.float32"
     else:
@@ -91,6 +118,9 @@ def _path_of(obj: Any) -> str:
         if module is None or name is None or "<" in name:
             raise NotDescribable(f"{obj!r} has no importable name")
         path = f"{module}.{name}"
+        package = module.split(".")[0]
+        if package == "lightning_rnn" and _import(f"{package}.{name}") is obj:
+            path = f"{package}.{name}"
     if _import(path) is not obj:
         raise NotDescribable(f"{path} does not import back to {obj!r}")
     return path

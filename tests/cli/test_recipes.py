@@ -460,7 +460,7 @@ def test_lightning_messages_reach_hydra_s_handlers_once():
 
 def test_a_projects_own_configs_and_lightning_datamodule_train(tmp_path):
     """A project adds its own options to the library's groups with Hydra's search path
-    (``hydra.searchpath=[file://DIR]``, as the README says), and its data module may be any
+    (``hydra.searchpath=[file://DIR]``, as docs/training.md says), and its data module may be any
     LightningDataModule: one without ``model_kwargs()`` (the CLI called it, an
     AttributeError) gives the model nothing, and the config gives its sizes."""
     user_conf = Path(__file__).resolve().parent / "user_conf"

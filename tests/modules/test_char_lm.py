@@ -126,7 +126,7 @@ def test_checkpoint_alone_restores_the_model_and_its_vocabulary(model, tmp_path)
     trainer.save_checkpoint(tmp_path / "model.ckpt")
     checkpoint = torch.load(tmp_path / "model.ckpt", weights_only=True)  # plain data: the factories described
     assert checkpoint["lightning_rnn_class"] == "lightning_rnn.modules.char_lm.CharLanguageModel"
-    assert checkpoint["hyper_parameters"]["rnn"]["_target_"] == "lightning_rnn.layers.fused.FusedLSTM"
+    assert checkpoint["hyper_parameters"]["rnn"]["_target_"] == "lightning_rnn.FusedLSTM"
     assert checkpoint["hyper_parameters"]["vocab"] == VOCAB
     restored = CharLanguageModel.load_from_checkpoint(tmp_path / "model.ckpt")
     assert restored.vocab.chars == VOCAB

@@ -150,7 +150,7 @@ def test_hyperparameters_reach_the_logger_with_the_factories_described(tmp_path)
     trainer = tiny_trainer(max_steps=1, logger=CSVLogger(tmp_path))
     trainer.fit(model, batches_loader(regression_batches(1)))
     logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
-    assert logged["rnn"] == {"_target_": "lightning_rnn.layers.fused.FusedLSTM", "_partial_": True, "hidden_size": 5,
+    assert logged["rnn"] == {"_target_": "lightning_rnn.FusedLSTM", "_partial_": True, "hidden_size": 5,
                              "num_layers": 1, "backend": "reference"}
     assert logged["optimizer"]["lr"] == 1e-2 and logged["horizon"] == 2
     assert isinstance(model.hparams.rnn, functools.partial)  # hparams keeps the factory itself
@@ -171,3 +171,13 @@ def test_a_checkpoint_with_the_former_optimization_arguments_loads_without_them(
         restored = SequenceRegressor.load_from_checkpoint(tmp_path / "model.ckpt")
     torch.testing.assert_close(restored.output_layer.weight, model.output_layer.weight)
     assert "grad_clip" not in restored.hparams
+
+
+@pytest.mark.parametrize("old", ["lightning_rnn.layers.cells.FusedLSTM", "lightning_rnn.layers.recurrent.FusedLSTM"])
+def test_factories_named_at_a_moved_module_still_rebuild(old):
+    """Checkpoints of earlier versions name the layer where its module then was; rebuild
+    reads it at its new place (new checkpoints name the package's own export)."""
+    description = factories.describe(functools.partial(FusedLSTM, hidden_size=5))
+    assert description["_target_"] == "lightning_rnn.FusedLSTM"
+    rebuilt = factories.rebuild({**description, "_target_": old})
+    assert rebuilt.func is FusedLSTM and rebuilt.keywords == {"hidden_size": 5}

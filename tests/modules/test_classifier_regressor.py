@@ -165,7 +165,7 @@ def test_bad_batches_are_named(change, message):
 
 
 class PairFeatureClassifier(SequenceClassifier):
-    """Base arguments computed and fixed, listed in derived_arguments (as the README says)."""
+    """Base arguments computed and fixed, listed in derived_arguments (as docs/training.md says)."""
 
     derived_arguments = ("input_size", "pooling")
 

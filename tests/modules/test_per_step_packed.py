@@ -17,7 +17,7 @@ PAD = -100
 
 
 class Tagger(RNNModule):
-    """Token ids -> one of ``num_tags`` per step, as the README's extension points say."""
+    """Token ids -> one of ``num_tags`` per step, as RNNModule's extension points say."""
 
     derived_arguments = ("input_size",)
 
