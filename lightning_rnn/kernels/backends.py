@@ -42,6 +42,8 @@ class Backend:
     padded: Callable[..., tuple | None] | None = None
     padded_dtypes: tuple[torch.dtype, ...] = ()
     weight_packs: Callable[[], object] | None = None
+    # whether lstm/gru take ``extras`` (cell.CellExtras: layer norm, zoneout, recurrent dropout)
+    cell_options: bool = False
     # (LSTM, GRU) autograd.Functions that record one layer-direction where the entry points
     # do it in Python (reference: always; compiled: gradient checkpointing, forward-mode AD)
     functions: tuple[type, type] | None = None

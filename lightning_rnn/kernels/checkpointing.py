@@ -52,7 +52,7 @@ from . import precision
 from .grad_sink import GradSink
 from .steps import Steps
 
-# span(x_rows, batch_sizes, masks_rows, start_states, weights) -> (out_rows, *final_states)
+# span(rows, batch_sizes, start_states, sequences, whole) -> (out_rows, *final_states)
 Span = Callable[..., tuple]
 
 
@@ -193,44 +193,52 @@ class RecomputedChunk(torch.autograd.Function):
         return (None, None, None, *grads)
 
 
-def _call_span(span: Span, batch_sizes: torch.Tensor, num_masks: int, num_states: int, x, *rest):
-    masks, states, weights = rest[:num_masks], rest[num_masks : num_masks + num_states], rest[num_masks + num_states :]
-    return tuple(span(x, batch_sizes, masks, states, weights))
+def _call_span(span: Span, batch_sizes: torch.Tensor, counts: tuple[int, int, int], *tensors):
+    """``span(rows, batch_sizes, states, sequences, whole)`` from a chunk's flat inputs."""
+    num_rows, num_states, num_sequences = counts
+    rows, rest = list(tensors[:num_rows]), tensors[num_rows:]
+    states, rest = list(rest[:num_states]), rest[num_states:]
+    sequences, whole = list(rest[:num_sequences]), list(rest[num_sequences:])
+    return tuple(span(rows, batch_sizes, states, sequences, whole))
 
 
 def run_chunked(
     span: Span,
-    x: torch.Tensor,
+    rows: Sequence[torch.Tensor],
     batch_sizes: torch.Tensor,
     init: Sequence[torch.Tensor],
-    weights: Sequence[torch.Tensor | None],
-    masks: Sequence[torch.Tensor],
+    sequences: Sequence[torch.Tensor],
+    whole: Sequence[torch.Tensor | None],
     length: int,
     reverse: bool,
     weight_packs: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Run ``span`` over chunks of ``length`` steps, recomputing each in backward.
 
-    x: (N, I) packed rows; init: (B, ·) states (h has proj_size columns with a
-    projection, c hidden_size); masks: (N, F) row-aligned tensors sliced with x; weights:
-    passed whole to every chunk (None entries included); weight_packs: the kernel
-    backend's store factory, if it has one (see the module docstring). Returns
-    ``out (N, F)`` and the final states, shaped as ``init`` and in its order.
+    rows: (N, ·) row-aligned tensors, each chunk gets its rows (x first, then masks); init:
+    (B, ·) states carried from chunk to chunk (h has proj_size columns with a projection, c
+    hidden_size); sequences: (B, ·) tensors each chunk gets the rows of its sequences of
+    (recurrent dropout's masks); whole: passed whole to every chunk (weights and norm
+    parameters, None entries included), their gradients summed over the chunks;
+    weight_packs: the kernel backend's store factory, if it declares one (see the module
+    docstring). Returns ``out (N, F)`` and the final states, shaped as ``init`` and in its order.
     """
     carried = list(init)
     outs: list[torch.Tensor] = []
     chunks = split_steps(Steps.from_batch_sizes(batch_sizes, reverse), length)
     packs = PassPacks(weight_packs() if weight_packs is not None else None, len(chunks))
-    call = ChunkedCall(packs, GradSink(), len(weights))
-    call.sink.expect(weights)
+    call = ChunkedCall(packs, GradSink(), len(whole))
+    call.sink.expect(whole)
     # The chunks' rows as the pieces of one split (not one slice each): in backward their
     # gradients are joined once, where slices would each fill an (N, I) tensor of zeros.
-    pieces = _row_pieces(chunks, [x, *masks])
+    pieces = _row_pieces(chunks, rows)
+    counts = (len(rows), len(carried), len(sequences))
     for index, chunk in enumerate(chunks):
         b = chunk.batch
-        run = partial(_call_span, span, batch_sizes[chunk.steps], len(masks), len(carried))
+        run = partial(_call_span, span, batch_sizes[chunk.steps], counts)
         out, *final = RecomputedChunk.apply(
-            run, call, index, *pieces[chunk.rows.start], *(s[:b] for s in carried), *weights
+            run, call, index, *pieces[chunk.rows.start], *(s[:b] for s in carried), *(s[:b] for s in sequences),
+            *whole,
         )
         carried = [f if b == s.shape[0] else precision.cat([f, s[b:]]) for f, s in zip(final, carried)]
         outs.append(out)

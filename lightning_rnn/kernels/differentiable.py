@@ -22,42 +22,89 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from .cell import NORM_EPS
 from .precision import autocast_off
 from .steps import Steps
 
 
-def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
-    """``(out (N, P), h_n (B, P), c_n (B, H))``, as :func:`reference.lstm`."""
+def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None, norm_ih_weight=None,
+         norm_ih_bias=None, norm_hh_weight=None, norm_hh_bias=None, norm_c_weight=None, norm_c_bias=None,
+         recurrent_keep=None, recurrent_p=0.0, zoneout_c=0.0, zoneout_h=0.0, keep_c=None, keep_h=None):
+    """``(out (N, P), h_n (B, P), c_n (B, H))``, as the reference LSTMFunction, options included."""
     steps = Steps.from_batch_sizes(batch_sizes, reverse)
-    pre = F.linear(x, w_ih, b_ih).split(steps.batch_sizes)  # (n_t, 4H) per step, one GEMM for all
+    norm = norm_ih_weight is not None
+    if norm:
+        a_x = _norm(F.linear(x, w_ih), norm_ih_weight, norm_ih_bias)
+        pre = (a_x if b_ih is None else a_x + b_ih + b_hh).split(steps.batch_sizes)
+    else:
+        pre = F.linear(x, w_ih, b_ih).split(steps.batch_sizes)  # (n_t, 4H) per step, one GEMM for all
+    scale = _recurrent_scale(recurrent_keep, recurrent_p, h0.dtype)
     h, c, outs = h0, c0, {}
     for t in steps.order():
-        n = steps.batch_sizes[t]
-        i, f, g, o = (pre[t] + F.linear(h[:n], w_hh, b_hh)).chunk(4, 1)
+        n, rows = steps.batch_sizes[t], steps.rows(t)
+        h_in = h[:n] if scale is None else h[:n] * scale[:n]
+        if norm:
+            i, f, g, o = (pre[t] + _norm(F.linear(h_in, w_hh), norm_hh_weight, norm_hh_bias)).chunk(4, 1)
+        else:
+            i, f, g, o = (pre[t] + F.linear(h_in, w_hh, b_hh)).chunk(4, 1)
         c_t = f.sigmoid() * c[:n] + i.sigmoid() * g.tanh()
-        h_t = o.sigmoid() * c_t.tanh()
+        y = _norm(c_t, norm_c_weight, norm_c_bias) if norm else c_t
+        h_t = o.sigmoid() * y.tanh()
         if w_hr is not None:
             h_t = F.linear(h_t, w_hr)
+        if zoneout_c:
+            c_t = _zoneout(c[:n], c_t, zoneout_c, keep_c, rows)
+        if zoneout_h:
+            h_t = _zoneout(h[:n], h_t, zoneout_h, keep_h, rows)
         outs[t] = h_t
         h, c = _carry(h_t, h), _carry(c_t, c)
     return torch.cat([outs[t] for t in range(len(steps.batch_sizes))]), h, c
 
 
-def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
-    """``(out (N, H), h_n (B, H))``, as :func:`reference.gru` (torch.nn's GRU math)."""
+def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, norm_ih_weight=None, norm_ih_bias=None,
+        norm_hh_weight=None, norm_hh_bias=None, recurrent_keep=None, recurrent_p=0.0, zoneout_h=0.0, keep_h=None):
+    """``(out (N, H), h_n (B, H))``, as the reference GRUFunction (torch.nn's GRU math), options included."""
     steps = Steps.from_batch_sizes(batch_sizes, reverse)
-    pre = F.linear(x, w_ih, b_ih).split(steps.batch_sizes)  # (n_t, 3H) per step
+    norm = norm_ih_weight is not None
+    if norm:
+        a_x = _norm(F.linear(x, w_ih), norm_ih_weight, norm_ih_bias)
+        pre = (a_x if b_ih is None else a_x + b_ih).split(steps.batch_sizes)
+    else:
+        pre = F.linear(x, w_ih, b_ih).split(steps.batch_sizes)  # (n_t, 3H) per step
+    scale = _recurrent_scale(recurrent_keep, recurrent_p, h0.dtype)
     h, outs = h0, {}
     for t in steps.order():
-        n = steps.batch_sizes[t]
+        n, rows = steps.batch_sizes[t], steps.rows(t)
+        h_in = h[:n] if scale is None else h[:n] * scale[:n]
         x_r, x_z, x_n = pre[t].chunk(3, 1)
-        h_r, h_z, h_n = F.linear(h[:n], w_hh, b_hh).chunk(3, 1)
+        if norm:
+            a_h = _norm(F.linear(h_in, w_hh), norm_hh_weight, norm_hh_bias)
+            h_r, h_z, h_n = (a_h if b_hh is None else a_h + b_hh).chunk(3, 1)
+        else:
+            h_r, h_z, h_n = F.linear(h_in, w_hh, b_hh).chunk(3, 1)
         r, z = (x_r + h_r).sigmoid(), (x_z + h_z).sigmoid()
         new = (x_n + r * h_n).tanh()
         h_t = new + z * (h[:n] - new)
+        if zoneout_h:
+            h_t = _zoneout(h[:n], h_t, zoneout_h, keep_h, rows)
         outs[t] = h_t
         h = _carry(h_t, h)
     return torch.cat([outs[t] for t in range(len(steps.batch_sizes))]), h
+
+
+def _norm(a, weight, bias):
+    return F.layer_norm(a, (a.shape[-1],), weight, bias, eps=NORM_EPS)
+
+
+def _recurrent_scale(keep, p: float, dtype):
+    return None if keep is None else keep.to(dtype) / (1 - p)
+
+
+def _zoneout(prev, new, p: float, keep, rows):
+    """Zoneout out of place: the mask's rows of this step (training) or its expectation p."""
+    if keep is None:
+        return new + p * (prev - new)
+    return torch.where(keep[rows], prev, new)
 
 
 def _carry(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -74,7 +121,7 @@ def backward(
     """The gradients of one layer-direction's outputs, as a graph autograd can differentiate.
 
     inputs: the Function's inputs in its order ``(x, batch_sizes, *states, w_ih, w_hh,
-    b_ih, b_hh, reverse[, w_hr])``, the tensors as saved (connected to the graph);
+    b_ih, b_hh, reverse[, w_hr], *options)``, the tensors as saved (connected to the graph);
     needs: ``ctx.needs_input_grad``; x_is_input: whether the saved x is the Function's
     input itself (not a cast or contiguous copy made inside it, which the graph does not
     connect to x). Returns one gradient (or None) per input.

@@ -54,6 +54,10 @@ class Steps:
         """The packed rows of step t."""
         return slice(self.offsets[t], self.offsets[t] + self.batch_sizes[t])
 
+    def sequence_index(self, device: torch.device) -> torch.Tensor:
+        """(N,) the sequence (row of the length-sorted batch) each token belongs to."""
+        return torch.cat([torch.arange(n) for n in self.batch_sizes]).to(device)
+
     def prev_index(self, device: torch.device) -> torch.Tensor:
         """(N,) index of each token's previous state in ``cat([init (B rows), states (N rows)])``.
 

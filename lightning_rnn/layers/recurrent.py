@@ -31,6 +31,7 @@ from ..kernels.batch import InputMismatchError, SequenceBatch
 from ..kernels.cell import CellSpec
 from ..kernels.run import RunOptions, run
 from ..utils.checks import check_flag, check_int
+from . import cell_options
 from .torch_compat import WEIGHT_KINDS, TorchRNNCompat
 
 
@@ -53,6 +54,13 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         *,
         backend: str = "auto",
         checkpoint_chunk_size: int | str | None = None,
+        layer_norm: bool = False,
+        zoneout: float | tuple[float, float] = 0.0,
+        recurrent_dropout: float = 0.0,
+        dropout_mode: str = "standard",
+        weight_drop: float = 0.0,
+        forget_bias: float | None = None,
+        recurrent_init: str = "uniform",
         device=None,
         dtype=None,
     ):
@@ -82,9 +90,17 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         # Gradient checkpointing over time (None = off, an int, or "sqrt" = ceil(sqrt(T)) per
         # call); a plain attribute so callbacks can switch it. See kernels/checkpointing.py.
         self.checkpoint_chunk_size = checkpointing.check_chunk_size(checkpoint_chunk_size)
+        # The cell options beyond torch.nn (see cell_options.py), plain attributes like the above.
+        cell_options.check_options(
+            self, layer_norm=layer_norm, zoneout=zoneout, recurrent_dropout=recurrent_dropout,
+            dropout_mode=dropout_mode, weight_drop=weight_drop, forget_bias=forget_bias, recurrent_init=recurrent_init,
+        )
+        if self.backend == "torch" and cell_options.used_options(self):
+            raise ValueError(f"{cell_options.used_options(self)[0]}: backend='torch' (torch.nn's implementation) "
+                             "has none of the cell options; use a kernel backend (auto, cpp, cuda, reference)")
         factory = {"device": device, "dtype": dtype}
-        for layer_shapes in self._weight_layout():
-            for entry in layer_shapes:
+        for layout in self._weight_layout() + cell_options.norm_layout(self):  # torch.nn's parameters first
+            for entry in layout:
                 if entry is not None:
                     name, shape = entry
                     self.register_parameter(name, nn.Parameter(torch.empty(shape, **factory)))
@@ -105,10 +121,14 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         return f"_l{layer}" + ("_reverse" if direction == 1 else "")
 
     def reset_parameters(self) -> None:
-        """torch.nn's initialization: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
+        """torch.nn's initialization, U(-1/sqrt(H), 1/sqrt(H)) for each of torch.nn's
+        parameters, then the cell options' (cell_options.reset_options)."""
         bound = 1.0 / math.sqrt(self.hidden_size)
-        for p in self.parameters():
-            nn.init.uniform_(p, -bound, bound)
+        for layout in self._weight_layout():
+            for entry in layout:
+                if entry is not None:
+                    nn.init.uniform_(getattr(self, entry[0]), -bound, bound)
+        cell_options.reset_options(self)
 
     def layer_weights(self, layer: int, direction: int) -> tuple:
         """(w_ih, w_hh, b_ih, b_hh, w_hr) of one layer-direction, torch.nn's order; biases are
@@ -152,26 +172,29 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         return self._forward(input, hx)
 
     def _forward(self, input, hx):
-        weights = self._checked_weights()  # (L*D) tuples of WEIGHT_KINDS
+        weights = self._checked_weights(self._weight_layout())  # (L*D) tuples of WEIGHT_KINDS
+        norms = self._checked_weights(cell_options.norm_layout(self)) if self.layer_norm else None
         batch = SequenceBatch.from_input(input, self.batch_first, self.input_size)
         self._check_input_matches_weights(batch.source)
         states = None if hx is None else [batch.sort_state(s) for s in self._checked_states(hx, batch)]
         options = RunOptions(self.num_layers, self.num_directions, self.output_size, self.hidden_size,
-                             self.dropout, self.training, self.checkpoint_chunk_size)
-        out, final = run(self.cell, self.backend, batch, states, weights, options)
+                             self.dropout, self.training, self.checkpoint_chunk_size, self.dropout_mode,
+                             cell_options.zoneout_pair(self), self.recurrent_dropout, self.weight_drop)
+        out, final = run(self.cell, self.backend, batch, states, weights, options, norms)
         final = [batch.restore_state(s) for s in final]
         return batch.restore(out), (tuple(final) if self.cell.num_states > 1 else final[0])
 
     # ----- argument checks ------------------------------------------------------------
-    def _checked_weights(self) -> list[tuple]:
-        """Every layer-direction's weights as :meth:`layer_weights` gives them, read once per
-        forward (a parametrized weight is evaluated once), and checked: every weight a
-        tensor in torch.nn's shape, so that a replaced weight of another shape (a parameter,
-        a parametrization's result or a plain tensor) is named here, not in a kernel; the
-        parameters in one dtype and on one device (a parametrization may give a layer
-        another dtype: the per-layer path converts between layers)."""
+    def _checked_weights(self, layouts: list[tuple]) -> list[tuple]:
+        """Every layer-direction's weights of ``layouts`` (``_weight_layout``: as
+        :meth:`layer_weights` gives them; or the layer norms'), read once per forward (a
+        parametrized weight is evaluated once), and checked: every weight a tensor in its
+        shape, so that a replaced weight of another shape (a parameter, a parametrization's
+        result or a plain tensor) is named here, not in a kernel; the parameters in one dtype
+        and on one device (a parametrization may give a layer another dtype: the per-layer
+        path converts between layers)."""
         params, reference, layers = self._parameters, None, []
-        for layout in self._weight_layout():
+        for layout in layouts:
             weights = []
             for entry in layout:
                 if entry is None:  # no bias, no projection
@@ -249,6 +272,9 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         s += f", backend={self.backend!r}" if self.backend != "auto" else ""
         if self.checkpoint_chunk_size is not None:
             s += f", checkpoint_chunk_size={self.checkpoint_chunk_size!r}"
+        options = {name: getattr(self, name) for name in (*cell_options.TORCH_DEFAULTS, "forget_bias", "recurrent_init")}
+        defaults = {**cell_options.TORCH_DEFAULTS, "forget_bias": None, "recurrent_init": "uniform"}
+        s += "".join(f", {k}={v!r}" for k, v in options.items() if v != defaults[k])
         return s
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .cell_options import TORCH_DEFAULTS, used_options
+
 #: Constructor arguments shared with torch.nn.LSTM/GRU.
 TORCH_CONFIG_KEYS = (
     "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional", "proj_size"
@@ -78,7 +80,15 @@ class TorchRNNCompat:
 
     def to_torch(self) -> nn.Module:
         """A ``torch.nn.LSTM``/``GRU`` copy of this layer: same weights, dtype, device,
-        train/eval mode and frozen parameters."""
+        train/eval mode and frozen parameters. A ValueError names an option torch.nn lacks
+        that the layer uses (layer_norm, zoneout, recurrent_dropout, weight_drop, variational
+        dropout); the regularizers change nothing in evaluation, so setting them to 0 (or
+        ``dropout_mode="standard"``) first converts the function the layer computes there."""
+        used = used_options(self)
+        if used:
+            raise ValueError(f"{used[0]}: torch.nn.{self.torch_class.__name__} has no {used[0]}; a copy would "
+                             f"compute another function (set {used[0]}={TORCH_DEFAULTS[used[0]]!r} first where "
+                             "that is what you want)")
         ref = self.weight_ih_l0
         module = self.torch_class(**self._config(), device=ref.device, dtype=ref.dtype)
         return copy_module_state(self, module)
