@@ -146,8 +146,9 @@ def check_checkpoint_data(path, hparams, class_name: str, given: dict) -> None:
             raise ValueError(f"ckpt_path: {path} holds a {class_name}, which takes no {name} from the data; pass the "
                              "model and data it was trained with (an experiment=... recipe picks both)")
         if hparams[name] != value:
-            raise ValueError(f"ckpt_path: {path} was trained on other data ({_difference(name, hparams[name], value)}); "
-                             "pass the data settings it was trained with")
+            difference = _difference(name, hparams[name], value)
+            raise ValueError(f"ckpt_path: {path} was trained on other data ({difference}); pass the data settings it "
+                             "was trained with")
 
 
 def check_checkpoint_fits(checkpoint: dict, path, model) -> None:

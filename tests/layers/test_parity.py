@@ -50,7 +50,8 @@ PROJECTED_CASES = {
 CELL_CASES = [(cell, name) for cell in CELLS for name in CASES] + [("lstm", name) for name in PROJECTED_CASES]
 #: Cases whose masks are random (0 < dropout < 1): a layer on the GPU draws them from the
 #: CUDA generator, which no CPU run of torch.nn can share.
-RANDOM_MASK_CASES = [(cell, name) for cell, name in CELL_CASES if 0 < (CASES | PROJECTED_CASES)[name].get("dropout", 0) < 1]
+RANDOM_MASK_CASES = [(cell, name) for cell, name in CELL_CASES
+                     if 0 < (CASES | PROJECTED_CASES)[name].get("dropout", 0) < 1]
 I, H = 3, 5
 SEED = 7
 
