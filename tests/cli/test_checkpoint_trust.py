@@ -44,10 +44,10 @@ def start_cli(args, run_dir: Path) -> subprocess.Popen:
     """``python -m lightning_rnn ARGS`` writing into ``run_dir``, in a session of its own (so
     that a kill reaches whatever it started)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = (run_dir.parent / f"{run_dir.name}.out").open("a")
-    return subprocess.Popen([sys.executable, "-m", "lightning_rnn", *args, f"hydra.run.dir={run_dir}"],
-                            cwd=run_dir.parent, env=cli_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with (run_dir.parent / f"{run_dir.name}.out").open("a") as log:  # a file: a pipe nobody reads could block
+        return subprocess.Popen([sys.executable, "-m", "lightning_rnn", *args, f"hydra.run.dir={run_dir}"],
+                                cwd=run_dir.parent, env=cli_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def finish(process: subprocess.Popen, run_dir: Path) -> None:
