@@ -14,7 +14,10 @@ not optimizer steps) it measures one batch and logs, under ``memory/``:
 - on any device: ``activation_mb``, the bytes the fused layers saved for backward in the
   step's forward (:class:`~lightning_rnn.utils.memory.SavedTensorsMeter` around each
   FusedLSTM/FusedGRU call), and ``activation_bytes_per_token``;
-- on CPU: ``rss_mb`` (resident set size of the process) and ``peak_rss_mb``.
+- on CPU: ``rss_mb`` (resident set size of the process), ``peak_rss_mb``, and
+  ``kernel_pool_mb``: the part of ``rss_mb`` that the cpp kernels keep mapped, idle, for their
+  next call (at most ``LIGHTNING_RNN_POOL_MB``, 256 MiB by default;
+  :func:`lightning_rnn.kernels.cpp.release_pool` frees it).
 
 With ``snapshot_path`` (CUDA only) it records the allocator history from setup and
 writes a snapshot (``torch.cuda.memory._dump_snapshot``) at the end of training, which
@@ -39,6 +42,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.nn.utils.rnn import PackedSequence
 
+from ..kernels import cpp
 from ..utils.checks import check_int
 from ..utils.memory import SavedTensorsMeter
 from .fused_layers import fused_layers
@@ -239,6 +243,7 @@ class GPUMemoryLogger(Callback):
         else:
             metrics["rss_mb"] = process_rss_bytes() / _MB
             metrics["peak_rss_mb"] = peak_rss_bytes() / _MB
+            metrics["kernel_pool_mb"] = cpp.pool_idle_bytes() / _MB
         # Straight to the loggers (as Lightning's DeviceStatsMonitor does): self.log would repeat
         # the last value at every step in between.
         for logger in trainer.loggers:

@@ -18,14 +18,35 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-
 
 POOL_ENV = "LIGHTNING_RNN_POOL_MB"
 _pool_env_checked = False
+_loaded: ModuleType | None = None  # the extension, once loaded in this process
 
 
 def load() -> ModuleType:
     """The built extension; builds it on first use. Raises BackendUnavailable, or a
     ValueError for a ``LIGHTNING_RNN_POOL_MB`` that is not a whole number of MiB."""
+    global _loaded
     if not _pool_env_checked:
         check_pool_env()
-    return jit_build("cpp", SOURCES, CFLAGS)
+    _loaded = jit_build("cpp", SOURCES, CFLAGS)
+    return _loaded
+
+
+def pool_idle_bytes() -> int:
+    """Bytes of kernel buffers the pool keeps mapped for the next call (csrc/rnn_pool.h): at
+    most its capacity (``LIGHTNING_RNN_POOL_MB``, 256 MiB by default), and part of the process's
+    resident memory. 0 where the kernels have not run in this process (nothing is built here)."""
+    return 0 if _loaded is None else int(_loaded.pool_idle_bytes())
+
+
+def release_pool() -> int:
+    """Free the pool's idle buffers now (its capacity stays: later calls fill it again);
+    returns the bytes freed. ``load().set_pool_capacity(bytes)`` changes the capacity."""
+    if _loaded is None:
+        return 0
+    freed, capacity = _loaded.pool_idle_bytes(), _loaded.pool_capacity()
+    _loaded.set_pool_capacity(0)
+    _loaded.set_pool_capacity(capacity)
+    return int(freed)
 
 
 def check_pool_env() -> None:
@@ -57,4 +78,5 @@ BACKEND = make_backend("cpp", ("cpu",), load, weight_packs)
 lstm, gru, stack, padded = BACKEND.lstm, BACKEND.gru, BACKEND.stack, BACKEND.padded
 LSTMFunction, GRUFunction = BACKEND.functions
 
-__all__ = ["BACKEND", "load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction", "weight_packs"]
+__all__ = ["BACKEND", "load", "lstm", "gru", "stack", "padded", "LSTMFunction", "GRUFunction", "weight_packs",
+           "pool_idle_bytes", "release_pool"]

@@ -15,6 +15,7 @@ from ..utils.compat import switch_to_manual_optimization
 from . import checkpoints, epoch_metrics
 from .batches import check_float_steps, check_lengths, real_steps, sequences_in, split_along_time
 from .carried_state import CarriedState
+from .nonfinite import NonFiniteGuard, check_weights_finite
 from .optimization import (
     configure_optimization, factory_learning_rate, is_plateau, step_plateaus, warn_unstepped_plateaus,
 )
@@ -54,6 +55,10 @@ class RNNModule(LightningModule):
             of every epoch (torch-rnn's remember_states); needs batches whose rows continue one
             another, as :class:`~lightning_rnn.data.ContiguousStreams` gives. A checkpoint written
             mid-epoch holds the carried state, and a run of one process resumed from it carries on.
+        nonfinite_loss: a training loss (or gradient) that is not finite: ``"error"`` stops the run
+            naming the step and batch, ``"skip"`` leaves the batch (with truncated BPTT the chunk)
+            out, None does not check (:mod:`~lightning_rnn.modules.nonfinite`). A checkpoint
+            written during fit refuses weights that are not finite.
 
     Clipping and accumulation are the Trainer's (``gradient_clip_val``,
     ``gradient_clip_algorithm``, ``accumulate_grad_batches``): Lightning's automatic
@@ -76,6 +81,7 @@ class RNNModule(LightningModule):
         scheduler_interval: str = "step",
         tbptt_steps: int | None = None,
         stateful: bool = False,
+        nonfinite_loss: str | None = "error",
     ):
         super().__init__()
         check_choice("scheduler_interval", scheduler_interval, ("step", "epoch"))
@@ -98,6 +104,7 @@ class RNNModule(LightningModule):
         self.rnn_output_size = rnn_output_size(self.rnn)
         self.truncated_bptt = TruncatedBPTT(tbptt_steps) if tbptt_steps is not None else None
         self.carried = CarriedState(bool(stateful))
+        self.nonfinite = NonFiniteGuard(nonfinite_loss)
         epoch_metrics.add_stage_metrics(self, self.build_metrics())
         self._training_state_to_load: dict | None = None  # set by on_load_checkpoint (resuming)
 
@@ -158,9 +165,13 @@ class RNNModule(LightningModule):
 
     # ----- steps ------------------------------------------------------------------
     def shared_step(self, batch: dict, stage: str, state: State = None):
-        """Forward, loss and metric updates for one batch; returns ``(loss, predictions, state)``."""
+        """Forward, loss and metric updates for one batch; returns ``(loss, predictions, state)``.
+        In training the loss is checked first (``nonfinite_loss``): None for one that is not
+        finite and is to be skipped, which then updates no metric."""
         predictions, state = self(batch["inputs"], state, batch.get("lengths"))
         loss = self.compute_loss(predictions, batch)
+        if stage == "train" and not self.nonfinite.loss_is_finite(self, loss):
+            return None, predictions, state
         getattr(self, f"{stage}_mean_loss").update(loss.detach(), self.loss_weight(batch))
         metrics = getattr(self, f"{stage}_metrics")
         if metrics is not None:
@@ -175,14 +186,20 @@ class RNNModule(LightningModule):
         return [batch] if self.truncated_bptt is None else split_along_time(batch, self.truncated_bptt.steps)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor | None:
+        self.nonfinite.batch_idx = batch_idx
         state = self.carried.initial("train", batch)
         if self.truncated_bptt is None:
             loss, _, state = self.shared_step(batch, "train", state)
+            if loss is None:  # skipped: its state is not carried on, its gradients are zeros
+                self.carried.keep("train", None)
+                self.nonfinite.log_skipped(self)
+                return self.nonfinite.skipped_batch_loss(self)
             weighted_loss, weight = loss.detach() * self.loss_weight(batch), self.loss_weight(batch)
         else:
             weighted_loss, weight, state = self.truncated_bptt.training_step(self, batch, state)
         self.carried.keep("train", state)
-        if not weight:  # max_steps reached before the batch's first chunk
+        self.nonfinite.log_skipped(self)
+        if not weight:  # max_steps reached before the batch's first chunk, or every chunk skipped
             return None
         mean = epoch_metrics.log_train_loss(self, weighted_loss, weight, sequences_in(batch))
         # automatic optimization steps with the loss; the loop already did (callbacks such
@@ -219,8 +236,10 @@ class RNNModule(LightningModule):
             super().lr_scheduler_step(scheduler, metric)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """With truncated BPTT, clips as the Trainer says: here, after a loss scaler (fp16)
-        has unscaled the gradients. A subclass that overrides this hook calls super()."""
+        """Checks the gradients (``nonfinite_loss``); with truncated BPTT, clips as the Trainer
+        says: here, after a loss scaler (fp16) has unscaled the gradients. A subclass that
+        overrides this hook calls super()."""
+        self.nonfinite.before_optimizer_step(self, optimizer)
         if self.truncated_bptt is not None:
             self.truncated_bptt.clip_gradients(self, optimizer)
 
@@ -286,6 +305,7 @@ class RNNModule(LightningModule):
         checkpoints.save_hyperparameters(checkpoint, self, self._constructor_arguments)
         trainer = self._trainer
         if trainer is not None and trainer.state.fn == "fit":
+            check_weights_finite(self)  # raises before anything is written
             state = {**(self.truncated_bptt.state_dict(self) if self.truncated_bptt else {}),
                      **self.carried.state_dict(trainer)}
             if state:

@@ -52,6 +52,9 @@ class TruncatedBPTT:
             if 0 <= trainer.max_steps <= trainer.global_step:  # Lightning checks max_steps between batches only
                 break
             loss, _, state = module.shared_step(chunk, "train", state)
+            if loss is None:  # nonfinite_loss="skip": no backward, the next chunk starts from zeros
+                state = None
+                continue
             chunk_weight = module.loss_weight(chunk)
             weighted_loss, weight = weighted_loss + loss.detach() * chunk_weight, weight + chunk_weight
             module.manual_backward(loss / accumulate)

@@ -1,11 +1,8 @@
 """Objects every task builds from the config: data, model, trainer."""
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
-
-import torch
 from hydra.utils import get_class, instantiate
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
@@ -13,7 +10,9 @@ from omegaconf import DictConfig, OmegaConf
 from ..kernels import dispatch
 from ..layers import FusedRNNBase
 from ..modules import factories
+from ..utils.checkpoint_io import AtomicCheckpointIO
 from ..utils.compat import skip_hyperparameter_logging
+from .checkpoint_checks import check_checkpoint_data, check_checkpoint_file, one_line
 
 
 def data_model_kwargs(datamodule: LightningDataModule) -> dict:
@@ -53,55 +52,25 @@ def build_model(cfg: DictConfig, datamodule: LightningDataModule) -> LightningMo
     return model
 
 
-def check_checkpoint_file(cfg: DictConfig, required: bool) -> dict | None:
-    """The checkpoint at ``cfg.ckpt_path`` (memory-mapped: tensors are not read), or None
-    when unset and not ``required``. A ValueError naming ``ckpt_path`` when it is not an
-    existing file, or not one torch's ``weights_only`` loader reads."""
-    if not required and not cfg.ckpt_path:
-        return None
-    if not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file():
-        need = "this task needs" if required else "expected"
-        raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
-                         f"(got {cfg.ckpt_path!r})")
-    try:
-        # weights_only said: torch < 2.6 defaults to False, which unpickles anything
-        checkpoint = torch.load(cfg.ckpt_path, map_location="cpu", mmap=True, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"ckpt_path: {cfg.ckpt_path} holds pickled Python objects, which torch's weights_only loader "
-            "refuses (a checkpoint of an earlier lightning_rnn, or a factory with no plain description). "
-            "If you trust it, load it in Python: Model.load_from_checkpoint(path, weights_only=False)"
-        ) from err
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise ValueError(f"ckpt_path: {cfg.ckpt_path} is not a readable torch checkpoint ({err})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ValueError(f"ckpt_path: {cfg.ckpt_path} is not a Lightning checkpoint (no 'state_dict'); "
-                         "save one with Trainer.save_checkpoint or a ModelCheckpoint callback")
-    return checkpoint
-
-
-def check_checkpoint_fits(checkpoint: dict, model: LightningModule) -> None:
-    """A ValueError naming ``ckpt_path`` when the checkpoint's weights have other shapes than
-    ``model``'s (it was trained with other model or data settings), before Lightning's
-    size-mismatch traceback."""
-    saved, current = checkpoint["state_dict"], model.state_dict()
-    differ = [f"{k} (checkpoint {tuple(v.shape)}, now {tuple(current[k].shape)})"
-              for k, v in saved.items() if k in current and tuple(v.shape) != tuple(current[k].shape)]
-    missing = sorted(set(current) - set(saved))
-    if differ or missing:
-        found = "; ".join(differ[:3] + [f"missing {', '.join(missing[:3])}"] * bool(missing))
-        raise ValueError(f"ckpt_path: the checkpoint does not fit this model: {found}; pass the model and data "
-                         "settings it was trained with")
-
-
 def load_model(cfg: DictConfig) -> LightningModule:
     """The model saved in ``cfg.ckpt_path``: the class the checkpoint names (an RNNModule
     stores it), else ``cfg.model._target_``. Read with torch's ``weights_only`` loader:
     checkpoints hold the factories as plain data (:mod:`lightning_rnn.modules.factories`).
-    Every setting comes from the checkpoint but the layer's kernel backend (:func:`backend_override`)."""
-    checkpoint = check_checkpoint_file(cfg, required=True)
-    model_class = get_class(checkpoint.get("lightning_rnn_class") or cfg.model._target_)
-    model = model_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", **backend_override(cfg, checkpoint))
+    Every setting comes from the checkpoint but the layer's kernel backend (:func:`backend_override`).
+    A checkpoint that the class does not load is a ValueError naming the file."""
+    path = cfg.ckpt_path
+    checkpoint = check_checkpoint_file(path, required=True)
+    saved_class = checkpoint.get("lightning_rnn_class")
+    try:
+        model_class = get_class(saved_class or cfg.model._target_)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"ckpt_path: {path} names the model class {saved_class}, which does not import here "
+                         f"({one_line(err)})") from None
+    try:
+        model = model_class.load_from_checkpoint(path, map_location="cpu", **backend_override(cfg, checkpoint))
+    except (RuntimeError, KeyError, TypeError) as err:  # state_dict keys or shapes, constructor arguments
+        raise ValueError(f"ckpt_path: {path} does not load as a {model_class.__name__} ({one_line(err)}); pass "
+                         "the model it was trained with (model=...)") from None
     skip_hyperparameter_logging(model)  # the run logs its config (build_trainer)
     return model
 
@@ -118,12 +87,10 @@ def backend_override(cfg: DictConfig, checkpoint: dict) -> dict:
     return {"rnn": factories.rebuild({**rnn, "backend": backend})}
 
 
-def check_model_matches_data(model: LightningModule, datamodule: LightningDataModule) -> None:
-    """A ValueError when the checkpoint was trained on other data (vocab, sizes)."""
-    for name, value in data_model_kwargs(datamodule).items():
-        if model.hparams.get(name) != value:
-            raise ValueError(f"ckpt_path: the checkpoint's {name} differs from the data's; "
-                             "pass the data settings it was trained with")
+def check_model_matches_data(model: LightningModule, datamodule: LightningDataModule, path) -> None:
+    """A ValueError naming the checkpoint file when ``model`` (read from it) was trained on
+    other data (vocab, sizes) than ``datamodule`` gives, or takes none of it."""
+    check_checkpoint_data(path, model.hparams, type(model).__name__, data_model_kwargs(datamodule))
 
 
 def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Trainer:
@@ -134,7 +101,7 @@ def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Tra
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
     if not loggers:  # logger=none: nothing for a LearningRateMonitor to log to (Lightning refuses it)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=trainer_plugins(cfg))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if loaded is not None:
         resolved["model"] = {"_target_": f"{type(loaded).__module__}.{type(loaded).__qualname__}",
@@ -142,6 +109,19 @@ def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Tra
     for logger in trainer.loggers:
         logger.log_hyperparams(resolved)
     return trainer
+
+
+def trainer_plugins(cfg: DictConfig) -> list:
+    """``cfg.trainer.plugins`` (configs instantiated; names such as precision strings kept),
+    and an :class:`~lightning_rnn.utils.checkpoint_io.AtomicCheckpointIO` unless they hold a
+    CheckpointIO of their own: a save that fails, or a run killed during one, leaves the
+    previous checkpoint whole."""
+    plugins = cfg.trainer.get("plugins") or []
+    plugins = [plugins] if not OmegaConf.is_list(plugins) and not isinstance(plugins, list) else list(plugins)
+    plugins = [instantiate(p) if OmegaConf.is_dict(p) else p for p in plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def check_layer_backends(model: LightningModule, trainer: Trainer) -> None:

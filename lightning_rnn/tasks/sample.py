@@ -13,7 +13,8 @@ def run(cfg: DictConfig) -> str:
     ``cfg.ckpt_path`` and write them (start text included) to stdout."""
     model = load_model(cfg)
     if not hasattr(model, "sample"):
-        raise TypeError(f"ckpt_path: {type(model).__name__} has no sample(); sampling needs a CharLanguageModel")
+        raise TypeError(f"ckpt_path: {cfg.ckpt_path} holds a {type(model).__name__}, which has no sample(); sampling "
+                        "needs a CharLanguageModel")
     settings = cfg.sample
     text = model.sample(settings.start_text, settings.length, settings.temperature, settings.top_k, settings.seed)
     sys.stdout.write(text + "\n")

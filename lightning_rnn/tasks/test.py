@@ -10,7 +10,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Metrics of ``cfg.ckpt_path`` on the test split of ``cfg.data``."""
     model = load_model(cfg)
     datamodule = build_datamodule(cfg)
-    check_model_matches_data(model, datamodule)
+    check_model_matches_data(model, datamodule, cfg.ckpt_path)
     trainer = build_trainer(cfg, loaded=model)
     check_layer_backends(model, trainer)
     (metrics,) = trainer.test(model, datamodule=datamodule)

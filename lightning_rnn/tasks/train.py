@@ -6,31 +6,41 @@ import logging
 from lightning.pytorch import seed_everything
 from omegaconf import DictConfig
 
-from .builders import (
-    build_datamodule, build_model, build_trainer, check_checkpoint_file, check_checkpoint_fits, check_layer_backends,
+from .builders import build_datamodule, build_model, build_trainer, check_layer_backends, data_model_kwargs
+from .checkpoint_checks import (
+    check_checkpoint_class, check_checkpoint_data, check_checkpoint_file, check_checkpoint_fits, check_resumable,
+    checkpoint_class_name, resume_path,
 )
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Train ``cfg.model`` on ``cfg.data``; resume from ``cfg.ckpt_path`` if given.
+    """Train ``cfg.model`` on ``cfg.data``; resume from ``cfg.ckpt_path`` if given, else (``resume:
+    auto``) from the last checkpoint the run's directory already holds (a job run again there).
 
     Returns:
         the final value of ``cfg.optimized_metric`` (None if it was never logged).
     """
-    checkpoint = check_checkpoint_file(cfg, required=False)
+    ckpt_path = resume_path(cfg)
+    checkpoint = check_checkpoint_file(ckpt_path, required=False)
+    if checkpoint is not None:  # resuming: the same kind of model, trained on the same data
+        check_resumable(checkpoint, ckpt_path)
+        check_checkpoint_class(checkpoint, ckpt_path, cfg.model._target_)
     seed_everything(cfg.seed, workers=True)
     datamodule = build_datamodule(cfg)
+    if checkpoint is not None:
+        check_checkpoint_data(ckpt_path, checkpoint.get("hyper_parameters") or {},
+                              checkpoint_class_name(checkpoint) or "model", data_model_kwargs(datamodule))
     model = build_model(cfg, datamodule)
-    if checkpoint is not None:  # resuming: the same model and data settings
-        check_checkpoint_fits(checkpoint, model)
+    if checkpoint is not None:
+        check_checkpoint_fits(checkpoint, ckpt_path, model)
     trainer = build_trainer(cfg)
     check_layer_backends(model, trainer)
     if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
         datamodule.trainer = trainer  # the batch it needs: one per process (DDP), as in the test run
         datamodule.test_dataloader()
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.is_global_zero:  # once, not once per process
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path:
             log.info("best checkpoint: %s", trainer.checkpoint_callback.best_model_path)

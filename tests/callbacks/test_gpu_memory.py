@@ -174,3 +174,46 @@ def test_the_saved_tensors_hook_probe_sees_a_hook():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         assert _saved_tensors_hook_active()
     assert not _saved_tensors_hook_active()
+
+
+@pytest.fixture
+def small_pool():
+    """The cpp kernels' buffer pool capped at 8 MiB for one test (its capacity restored after)."""
+    from lightning_rnn.kernels import cpp
+
+    ext = cpp.load()
+    capacity = ext.pool_capacity()
+    ext.set_pool_capacity(0)  # empty, whatever earlier tests left in it
+    ext.set_pool_capacity(8 * 2**20)
+    yield 8.0
+    ext.set_pool_capacity(capacity)
+
+
+def test_a_long_run_s_memory_does_not_grow_and_the_kernel_pool_stays_under_its_cap(small_pool):
+    """400 steps of batches of 5 to 120 steps (the cpp kernel's gates of up to 2 MB, in many of
+    the pool's size classes, so the pool fills to its cap): the pool's idle bytes are logged
+    beside the resident memory, never above the cap, and the resident memory after the first
+    100 steps moves by allocator noise only (a few MB; a block kept per step would add 0.1 to
+    2 MB a step, 30 MB or more over the 300 steps)."""
+    from callback_helpers import MemoryLogger
+    from lightning.pytorch import Trainer
+
+    from lightning_rnn.kernels import cpp
+
+    torch.manual_seed(0)
+    model = TinyClassifier(hidden=64)
+    model.rnn.backend = "cpp"
+    logger = MemoryLogger()
+    trainer = Trainer(accelerator="cpu", max_steps=400, logger=logger, callbacks=[GPUMemoryLogger(every_n_steps=20)],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0)
+    trainer.fit(model, loader(n=640, batch_size=32, min_len=5, max_len=120))
+    pool, rss = logger.values("memory/kernel_pool_mb"), logger.values("memory/rss_mb")
+    assert len(pool) == len(rss) == 20
+    assert 0 < max(pool) <= small_pool and pool[-1] > small_pool / 2  # used, and full
+    settled = rss[5]  # after 100 steps
+    assert max(rss[5:]) - settled < 32, rss
+    idle = cpp.pool_idle_bytes()
+    assert 0 < idle <= small_pool * 2**20
+    assert cpp.release_pool() == idle and cpp.pool_idle_bytes() == 0
+    assert cpp.load().pool_capacity() == small_pool * 2**20  # the cap stays

@@ -143,7 +143,7 @@ def test_sample_names_the_model_class_of_any_checkpoint(tmp_path):
     train.run(cfg)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={ckpt}", *QUICK])  # the default model: char LM
-    with pytest.raises(TypeError, match="ckpt_path: SequenceClassifier has no sample"):
+    with pytest.raises(TypeError, match=f"ckpt_path: {ckpt} holds a SequenceClassifier, which has no sample"):
         sample.run(cfg)
 
 
@@ -214,7 +214,7 @@ def test_test_task_rejects_a_checkpoint_of_other_data(tmp_path, small_text):
     ckpt = save_untrained_checkpoint(cfg, tmp_path / "model.ckpt")  # fast_dev_run saves none
     other = compose_config(tmp_path, ["task=test", f"ckpt_path={ckpt}", "data=char_file", f"data.path={small_text}",
                                       *QUICK])
-    with pytest.raises(ValueError, match="ckpt_path: the checkpoint's vocab differs"):
+    with pytest.raises(ValueError, match=f"ckpt_path: {ckpt} was trained on other data \\(another vocab: "):
         test.run(other)
 
 
@@ -230,13 +230,12 @@ def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path, m
         monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 
     from lightning_rnn.layers import FusedLSTM
-    from lightning_rnn.tasks.builders import check_checkpoint_file
+    from lightning_rnn.tasks.checkpoint_checks import check_checkpoint_file
 
     ckpt = tmp_path / "old.ckpt"
     torch.save({"hyper_parameters": {"rnn": functools.partial(FusedLSTM, hidden_size=8)}}, ckpt)
-    cfg = OmegaConf.create({"ckpt_path": str(ckpt)})
     with pytest.raises(ValueError, match="ckpt_path: .* holds pickled Python objects") as caught:
-        check_checkpoint_file(cfg, required=True)
+        check_checkpoint_file(str(ckpt), required=True)
     assert is_setting_error(caught.value)
 
 
@@ -245,7 +244,7 @@ def test_a_checkpoint_of_pickled_objects_is_refused_naming_ckpt_path(tmp_path, m
     (None, r"is not a Lightning checkpoint \(no 'state_dict'\)"),
 ])
 def test_unreadable_checkpoints_are_named(tmp_path, content, message):
-    from lightning_rnn.tasks.builders import check_checkpoint_file
+    from lightning_rnn.tasks.checkpoint_checks import check_checkpoint_file
 
     ckpt = tmp_path / "bad.ckpt"
     if content is None:
@@ -253,18 +252,18 @@ def test_unreadable_checkpoints_are_named(tmp_path, content, message):
     else:
         ckpt.write_bytes(content)
     with pytest.raises(ValueError, match=f"ckpt_path: .*{message}") as caught:
-        check_checkpoint_file(OmegaConf.create({"ckpt_path": str(ckpt)}), required=True)
+        check_checkpoint_file(str(ckpt), required=True)
     assert is_setting_error(caught.value)
 
 
 def test_resuming_with_other_model_settings_is_named_before_lightning_loads(tmp_path):
-    from lightning_rnn.tasks.builders import check_checkpoint_fits
+    from lightning_rnn.tasks.checkpoint_checks import check_checkpoint_fits
 
     small, large = torch.nn.Linear(2, 3), torch.nn.Linear(2, 4)
-    with pytest.raises(ValueError, match=r"ckpt_path: the checkpoint does not fit this model: weight \(checkpoint "
+    with pytest.raises(ValueError, match=r"ckpt_path: small.ckpt does not fit this model: weight \(checkpoint "
                                          r"\(3, 2\), now \(4, 2\)\)"):
-        check_checkpoint_fits({"state_dict": small.state_dict()}, large)
-    check_checkpoint_fits({"state_dict": large.state_dict()}, large)
+        check_checkpoint_fits({"state_dict": small.state_dict()}, "small.ckpt", large)
+    check_checkpoint_fits({"state_dict": large.state_dict()}, "large.ckpt", large)
 
 
 @pytest.mark.parametrize("batch_size, processes", [(20, 1), (6, 2)])

@@ -4,8 +4,9 @@ Two ways in: a ``python -m lightning_rnn`` per node placed in the run by Lightni
 environment variables, and the command a SLURM user runs (``-m hydra/launcher=slurm``),
 submitted by submitit to a stand-in for SLURM whose ``srun`` starts one task per node.
 A :class:`~training_recorder.TrainingRecorder` on every process saves what it trained on.
-The char LM runs in float64, so that the two nodes can be held to the one-process run on
-the same global batch nearly to the last bit.
+The char LM runs with the reference backend in float64, so that the two nodes can be held to
+the one-process run on the same global batch nearly to the last bit, and with the default
+backend (``auto``: the cpp kernel) in float32, as the command line trains.
 """
 from __future__ import annotations
 
@@ -21,11 +22,19 @@ from lightning_rnn.data import CharCorpusDataModule
 RECORDER = ["+callbacks.recorder._target_=training_recorder.TrainingRecorder",
             "+callbacks.recorder.out_dir=${output_dir}/record"]
 
-#: A tiny char LM in float64: 6 optimizer steps of the global batch of 8 streams x 16 characters.
-CHAR_LM = ["model.rnn.hidden_size=16", "model.rnn.num_layers=1", "model.embedding_dim=8", "model.val_sample_length=0",
-           "model.rnn.backend=reference", "data.seq_len=16", "trainer.max_steps=6", "trainer.val_check_interval=3",
-           "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "trainer.precision=64-true", "logger=csv",
-           "~callbacks.rich_progress_bar", "~callbacks.rich_model_summary", *RECORDER]
+#: backend -> the precision its char LM trains in: the executable spec in float64, the
+#: default as the command line runs it.
+PRECISIONS = {"reference": "64-true", "auto": "32-true"}
+
+
+def char_lm(backend: str) -> list[str]:
+    """A tiny char LM: 6 optimizer steps of the global batch of 8 streams x 16 characters."""
+    return ["model.rnn.hidden_size=16", "model.rnn.num_layers=1", "model.embedding_dim=8", "model.val_sample_length=0",
+            f"model.rnn.backend={backend}", "data.seq_len=16", "trainer.max_steps=6", "trainer.val_check_interval=3",
+            "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", f"trainer.precision={PRECISIONS[backend]}",
+            "logger=csv", "~callbacks.rich_progress_bar", "~callbacks.rich_model_summary", *RECORDER]
+
+
 GLOBAL_BATCH, NODES = 8, 2
 
 #: Two nodes of one process each, DDP.
@@ -64,28 +73,41 @@ def launch_nodes(tmp_path, overrides, environment: str):
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict:
-    run_dir = tmp_path_factory.mktemp("one_process")
-    run_cli([*CHAR_LM, f"data.batch_size={GLOBAL_BATCH}", f"hydra.run.dir={run_dir}"], run_dir)
-    (record,) = load_records(run_dir, 1)
+def one_process(tmp_path_factory):
+    """``one_process(backend)``: what the char LM's one process recorded on the global batch
+    (each backend's run once per module)."""
+    records = {}
+
+    def record(backend: str) -> dict:
+        if backend not in records:
+            run_dir = tmp_path_factory.mktemp(f"one_process_{backend}")
+            run_cli([*char_lm(backend), f"data.batch_size={GLOBAL_BATCH}", f"hydra.run.dir={run_dir}"], run_dir)
+            (records[backend],) = load_records(run_dir, 1)
+        return records[backend]
     return record
 
 
-@pytest.fixture(scope="module", params=list(ENVIRONMENTS))
-def char_lm_nodes(request, tmp_path_factory) -> tuple[str, list[dict], object]:
-    """How the nodes were started, what each recorded, and the run directory. Each node owns
-    GLOBAL_BATCH / NODES streams."""
-    run_dir, records = launch_nodes(tmp_path_factory.mktemp(request.param),
-                                    [*CHAR_LM, *TWO_NODES, f"data.batch_size={GLOBAL_BATCH // NODES}"], request.param)
-    return request.param, records, run_dir
+#: (how the nodes are started, backend): both ways with the reference, Lightning's with the default.
+NODE_RUNS = [("lightning", "reference"), ("submitit_slurm", "reference"), ("lightning", "auto")]
+
+
+@pytest.fixture(scope="module", params=NODE_RUNS, ids=["-".join(run) for run in NODE_RUNS])
+def char_lm_nodes(request, tmp_path_factory) -> tuple[str, list[dict], object, str]:
+    """How the nodes were started, what each recorded, the run directory and the backend.
+    Each node owns GLOBAL_BATCH / NODES streams."""
+    environment, backend = request.param
+    overrides = [*char_lm(backend), *TWO_NODES, f"data.batch_size={GLOBAL_BATCH // NODES}"]
+    run_dir, records = launch_nodes(tmp_path_factory.mktemp(f"{environment}_{backend}"), overrides, environment)
+    return environment, records, run_dir, backend
 
 
 def test_each_node_knows_its_place(char_lm_nodes):
-    environment, nodes, run_dir = char_lm_nodes
+    environment, nodes, run_dir, backend = char_lm_nodes
     if environment == "submitit_slurm":  # the job asked SLURM for NODES nodes x 1 task (trainer.devices)
         (script,) = (run_dir.parent / ".submitit").glob("*/*_submission.sh")
         assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1"} <= set(script.read_text().splitlines())
     for rank, node in enumerate(nodes):
+        assert node["backends"] == ["cpp" if backend == "auto" else backend]
         assert node["environment"] == ENVIRONMENTS[environment]
         assert (node["world_size"], node["num_nodes"]) == (NODES, NODES)
         assert node["global_rank"] == node["node_rank"] == rank and node["local_rank"] == 0
@@ -93,7 +115,8 @@ def test_each_node_knows_its_place(char_lm_nodes):
 
 def test_the_nodes_own_disjoint_streams_that_together_are_the_training_text(char_lm_nodes, one_process):
     """Node r owns streams r*4 ... r*4+3 of the 8 the one-process run cuts the text into."""
-    _, nodes, _ = char_lm_nodes
+    _, nodes, _, backend = char_lm_nodes
+    one_process = one_process(backend)
     streams = [node["streams"] for node in nodes]
     assert all(s.shape == (GLOBAL_BATCH // NODES, one_process["streams"].shape[1]) for s in streams)
     assert torch.equal(torch.cat(streams), one_process["streams"])
@@ -105,7 +128,8 @@ def test_the_nodes_own_disjoint_streams_that_together_are_the_training_text(char
 
 
 def test_every_step_trains_on_the_one_process_global_batch(char_lm_nodes, one_process):
-    _, nodes, _ = char_lm_nodes
+    _, nodes, _, backend = char_lm_nodes
+    one_process = one_process(backend)
     assert len(one_process["batches"]) == 6 and all(len(node["batches"]) == 6 for node in nodes)
     for step, batch in enumerate(one_process["batches"]):
         assert torch.equal(torch.cat([node["batches"][step]["inputs"] for node in nodes]), batch["inputs"]), step
@@ -113,22 +137,27 @@ def test_every_step_trains_on_the_one_process_global_batch(char_lm_nodes, one_pr
 
 def test_two_nodes_end_with_the_weights_of_one_process(char_lm_nodes, one_process):
     """Same weights on both nodes (DDP averaged their gradients), and those of one process on
-    the global batch up to rounding. In float64 the only difference is the order of summation
-    (a mean over 8 rows against the mean of two means over 4), about 1e-16 per step; a node on
-    the wrong streams would change a gradient wholesale and a weight by about the learning rate
-    (2e-3) in one step. 1e-12 sits between the two."""
-    _, (first, second), _ = char_lm_nodes
+    the global batch up to rounding: the only difference is the order of summation (a mean
+    over 8 rows against the mean of two means over 4). A node on the wrong streams would
+    change a gradient wholesale and a weight by about the learning rate (2e-3) in one step.
+    The tolerance sits between the two: in float64 (rounding about 1e-16 per step) 1e-12. In
+    float32 each of the six steps rounds a weight of order 1 by up to 6e-8 (half an ulp) and
+    perturbs its Adam update by about the learning rate x 1e-7 (the gradient's rounding,
+    relative): 1e-6 allows a few ulps a step, and is 2000 times below a wrong stream's 2e-3."""
+    _, (first, second), _, backend = char_lm_nodes
+    one_process = one_process(backend)
+    dtype, atol = (torch.float64, 1e-12) if backend == "reference" else (torch.float32, 1e-6)
     assert first["global_step"] == second["global_step"] == one_process["global_step"] == 6
     for name, weight in one_process["final"].items():
-        assert weight.dtype == torch.float64
+        assert weight.dtype == dtype
         assert torch.equal(first["final"][name], second["final"][name]), name
-        torch.testing.assert_close(first["final"][name], weight, rtol=0, atol=1e-12, msg=name)
+        torch.testing.assert_close(first["final"][name], weight, rtol=0, atol=atol, msg=name)
     moved = max((w - one_process["initial"][k]).abs().max().item() for k, w in one_process["final"].items())
     assert moved > 1e-3  # it trained: the tolerance is far below what the weights moved
 
 
 def test_only_the_first_node_writes_logs_and_checkpoints(char_lm_nodes):
-    _, _, run_dir = char_lm_nodes
+    _, _, run_dir, _ = char_lm_nodes
     assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and checkpoints[0] == "last.ckpt" and checkpoints[1].startswith("step")  # the best

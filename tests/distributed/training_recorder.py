@@ -13,6 +13,8 @@ from lightning.pytorch import Callback
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from lightning_rnn.data.streams import ContiguousStreams
+from lightning_rnn.kernels import dispatch
+from lightning_rnn.layers import FusedRNNBase
 
 
 def item_key(inputs: torch.Tensor) -> bytes:
@@ -21,7 +23,8 @@ def item_key(inputs: torch.Tensor) -> bytes:
 
 
 class TrainingRecorder(Callback):
-    """Saves, per process: its ranks and cluster environment, its shard of the training data
+    """Saves, per process: its ranks and cluster environment, the kernel backend its fused
+    layers resolved to, its shard of the training data
     (the char streams it owns, or the dataset indices of every batch it trained on), every
     batch, and its weights at the start and the end of training."""
 
@@ -39,6 +42,8 @@ class TrainingRecorder(Callback):
             # a single-device strategy has none
             "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
             "batches": [],
+            "backends": sorted({dispatch.resolve(m.backend, pl_module.device) for m in pl_module.modules()
+                                if isinstance(m, FusedRNNBase)}),
         }
         if isinstance(loader.dataset, ContiguousStreams):
             self.record["streams"] = loader.dataset.inputs.clone()  # (B, num_batches * seq_len)

@@ -27,6 +27,10 @@ CASES = {
     "single_step": dict(num_layers=2, T=1, given_state=True),
     "batch_of_one_packed": dict(B=1, packed=True, bidirectional=True),
     "dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True),
+    # masks drawn from the CPU generator as torch.nn draws them, seeded alike before each forward
+    "dropout_half_in_training": dict(num_layers=3, dropout=0.5, train=True),
+    "dropout_packed_bidirectional_batch_first": dict(num_layers=2, dropout=0.3, bidirectional=True, packed=True,
+                                                     batch_first=True, given_state=True, train=True),
 }
 # torch.nn.LSTM's proj_size (LSTM only): h and each direction's output have P columns, c keeps H.
 PROJECTED_CASES = {
@@ -40,9 +44,16 @@ PROJECTED_CASES = {
     ),
     "projected_unbatched_given_state": dict(num_layers=2, unbatched=True, given_state=True, proj_size=3),
     "projected_dropout_one_in_training": dict(num_layers=3, dropout=1.0, train=True, proj_size=2),
+    "projected_dropout_in_training_bidirectional": dict(num_layers=3, dropout=0.25, bidirectional=True, train=True,
+                                                        proj_size=2),
 }
 CELL_CASES = [(cell, name) for cell in CELLS for name in CASES] + [("lstm", name) for name in PROJECTED_CASES]
+#: Cases whose masks are random (0 < dropout < 1): a layer on the GPU draws them from the
+#: CUDA generator, which no CPU run of torch.nn can share.
+RANDOM_MASK_CASES = [(cell, name) for cell, name in CELL_CASES
+                     if 0 < (CASES | PROJECTED_CASES)[name].get("dropout", 0) < 1]
 I, H = 3, 5
+SEED = 7
 
 
 def _make_input(case, batch_first):
@@ -62,10 +73,19 @@ def test_matches_torch_nn_float64(cell, case_name, backend):
     _check_against_torch_nn(cell, case_name, backend)
 
 
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+@pytest.mark.parametrize("cell, case_name", RANDOM_MASK_CASES)
+def test_inter_layer_dropout_matches_torch_nn_checkpointed(cell, case_name, backend):
+    """Gradient checkpointing draws the masks of every layer before the first chunk, in the
+    order torch.nn draws them layer after layer: the same masks, and recomputing a chunk in
+    backward reuses them rather than drawing again."""
+    _check_against_torch_nn(cell, case_name, backend, checkpoint_chunk_size=2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 @pytest.mark.parametrize("checkpoint_chunk_size", [None, 2], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("backend", ["cuda", "reference"])
-@pytest.mark.parametrize("cell, case_name", CELL_CASES)
+@pytest.mark.parametrize("cell, case_name", [case for case in CELL_CASES if case not in RANDOM_MASK_CASES])
 def test_cuda_matches_torch_nn_float64(cell, case_name, backend, checkpoint_chunk_size):
     """The layer on the GPU (the cuda kernel, and the reference backend there) against
     torch.nn on the CPU, float64: every case above, plain and gradient-checkpointed."""
@@ -91,11 +111,16 @@ def _check_against_torch_nn(cell, case_name, backend, device="cpu", checkpoint_c
     if case.get("given_state"):
         hx = random_initial_state(fused, None if case.get("unbatched") else case.get("B", 4))
 
+    torch.manual_seed(SEED)  # the same dropout masks in both
     out_ref, states_ref, grads_ref = outputs_and_grads(ref, x, inp, hx)
     inp_dev, hx_dev = inp.to(device), hx
     if hx is not None:
         hx_dev = tuple(h.to(device) for h in hx) if isinstance(hx, tuple) else hx.to(device)
+    torch.manual_seed(SEED)
     out, states, grads = outputs_and_grads(fused, x, inp_dev, hx_dev)
+    if 0 < config["dropout"] < 1:  # the masks matter: another seed, other masks, another output
+        torch.manual_seed(SEED + 1)
+        assert not torch.allclose(outputs_and_grads(ref, x, inp, hx)[0], out_ref)
     out, states, grads = out.cpu(), [s.cpu() for s in states], [g.cpu() for g in grads]
 
     torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)

@@ -10,10 +10,9 @@ from lightning_rnn.layers import FusedGRU, FusedLSTM
 CELLS = {"lstm": FusedLSTM, "gru": FusedGRU}
 
 
-def rnn_factory(cell="lstm", hidden_size=8, num_layers=1, **kwargs):
-    """A reference-backend fused layer factory (no kernel build needed)."""
-    return functools.partial(CELLS[cell], hidden_size=hidden_size, num_layers=num_layers, backend="reference",
-                             **kwargs)
+def rnn_factory(cell="lstm", hidden_size=8, num_layers=1, backend="reference", **kwargs):
+    """A fused layer factory; the reference backend unless told (no kernel build needed)."""
+    return functools.partial(CELLS[cell], hidden_size=hidden_size, num_layers=num_layers, backend=backend, **kwargs)
 
 
 def adam(lr=1e-2):

@@ -46,8 +46,13 @@ class RecordGradients(pl.Callback):
         self.update_max.append(updates.abs().max().item())
 
 
-def test_tbptt_steps_once_per_chunk_and_stops_gradients_at_chunk_boundaries():
-    model = char_lm(tbptt_steps=4)
+#: The reference backend and the default ("auto": the cpp kernel on a CPU).
+backends = pytest.mark.parametrize("backend", ["reference", "auto"])
+
+
+@backends
+def test_tbptt_steps_once_per_chunk_and_stops_gradients_at_chunk_boundaries(backend):
+    model = char_lm(tbptt_steps=4, rnn=rnn_factory(backend=backend))
     model.rnn = recorder = RecordStates(model.rnn)
     grads = RecordGradients()
     trainer = tiny_trainer(max_epochs=1, callbacks=[grads])
@@ -76,8 +81,9 @@ def test_tbptt_stops_at_max_steps_inside_a_batch(max_steps):
     assert len(recorder.initial_states) == max_steps  # no forward for a chunk that would not step
 
 
-def test_stateful_carries_state_across_batches_and_resets_each_epoch():
-    model = char_lm(stateful=True)
+@backends
+def test_stateful_carries_state_across_batches_and_resets_each_epoch(backend):
+    model = char_lm(stateful=True, rnn=rnn_factory(backend=backend))
     model.rnn = recorder = RecordStates(model.rnn)
     tiny_trainer(max_epochs=2, limit_val_batches=0).fit(model, batches_loader(token_batches(3)))
     starts = recorder.initial_states
@@ -337,14 +343,17 @@ def test_without_tbptt_lightning_optimizes_with_the_trainer_s_accumulation():
     assert model.automatic_optimization and trainer.global_step == 3
 
 
-def test_tbptt_with_one_chunk_a_batch_matches_automatic_optimization():
+@backends
+def test_tbptt_with_one_chunk_a_batch_matches_automatic_optimization(backend):
     """The truncated-BPTT loop applies the Trainer's accumulation and clipping as Lightning does:
     with chunks as long as the batches, both give the same weights (5 batches: two full
-    accumulation cycles, then the epoch's last batch steps on its own)."""
+    accumulation cycles, then the epoch's last batch steps on its own). float32: the two
+    loops scale the loss by the accumulation in another order (a rounding apart per step)."""
     weights = {}
     for tbptt_steps in (None, 8):
         torch.manual_seed(0)
-        model = char_lm(tbptt_steps=tbptt_steps, stateful=True, optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+        model = char_lm(tbptt_steps=tbptt_steps, stateful=True, optimizer=functools.partial(torch.optim.SGD, lr=0.5),
+                        rnn=rnn_factory(backend=backend))
         trainer = tiny_trainer(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.05)
         torch.manual_seed(1)
         trainer.fit(model, batches_loader(token_batches(5)))
@@ -354,7 +363,8 @@ def test_tbptt_with_one_chunk_a_batch_matches_automatic_optimization():
         torch.testing.assert_close(manual, automatic, rtol=1e-6, atol=1e-7)
 
 
-def test_a_validation_inside_a_tbptt_accumulation_keeps_its_gradients():
+@backends
+def test_a_validation_inside_a_tbptt_accumulation_keeps_its_gradients(backend):
     """Lightning zeroes the gradients before a validation in fit where, counting batches, no
     accumulation is in progress. The loop counts chunks: batches of 3, 2, 2 and 2 chunks with
     a step every 2 chunks are inside a cycle after batch 2. The weights must be those of the
@@ -363,7 +373,8 @@ def test_a_validation_inside_a_tbptt_accumulation_keeps_its_gradients():
     for limit_val_batches in (0, 1):
         torch.manual_seed(0)
         batches = token_batches(1, steps=12) + token_batches(3, steps=8)
-        model = char_lm(tbptt_steps=4, optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+        model = char_lm(tbptt_steps=4, optimizer=functools.partial(torch.optim.SGD, lr=0.5),
+                        rnn=rnn_factory(backend=backend))
         trainer = tiny_trainer(max_epochs=1, accumulate_grad_batches=2, val_check_interval=1,
                                limit_val_batches=limit_val_batches)
         trainer.fit(model, batches_loader(batches), batches_loader(token_batches(1)))
