@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..data.vocab import CharVocab
 from ..layers import TemporalAdapter
 from ..utils.checks import check_callable, check_choice, check_int, check_seed
-from .generation import DECODERS, decode_texts, make_decoder, repeat_rows
+from .generation import DECODERS, PackedWeightsCache, decode_texts, make_decoder, repeat_rows
 from .rnn_module import RNNModule
 from .sampling import check_length, check_sampling_arguments, check_stop, plain_number
 from .text_logging import log_text_samples
@@ -56,6 +56,7 @@ class CharLanguageModel(RNNModule):
         self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
         self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
         self._val_samples: deque[tuple[int, str]] = deque(maxlen=self.val_samples_kept)
+        self._packed_weights = PackedWeightsCache()  # the compiled generation loop's copy of the weights
 
     def encode(self, inputs, state=None, lengths=None):
         self.check_token_ids(inputs)
@@ -152,7 +153,7 @@ class CharLanguageModel(RNNModule):
                 logits, state = self(prefix)  # (1 or rows, T, V)
                 logits, state = repeat_rows(logits[:, -1], rows), repeat_rows(state, rows)
                 steps = make_decoder(decoder, self, self._generation_parts(), logits, state, temperature, top_k,
-                                     top_p, generator)
+                                     top_p, generator, self._packed_weights)
             texts = decode_texts(steps, self.vocab, starts, length, stop, on_text)
         finally:
             self.train(was_training)

@@ -17,6 +17,7 @@ each text at a stop string and hands the text to a callback as it grows.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -109,13 +110,41 @@ def compiled_weights(embedding: nn.Embedding, rnn: nn.Module, linear: nn.Linear,
     return GenerationWeights.pack(_CELLS[type(rnn)], embedding.weight, layers, linear.weight, linear.bias, dtype)
 
 
+class PackedWeightsCache:
+    """The last packing of a model's weights for the compiled loop, reused while every
+    parameter is the same tensor at the same version (an optimizer step, ``load_state_dict``
+    or ``.to()`` makes it pack again): packing copies every weight, which for a large
+    model costs as much as generating a few dozen characters."""
+
+    def __init__(self):
+        self._seen: list[tuple[weakref.ref, int]] = []
+        self._weights: GenerationWeights | None = None
+
+    def get(self, parts: tuple[nn.Module, ...]) -> GenerationWeights:
+        tensors = [p for module in parts for p in module.parameters()]
+        fresh = len(tensors) == len(self._seen) and all(
+            ref() is t and version == t._version for (ref, version), t in zip(self._seen, tensors))
+        if not fresh:
+            self._weights = compiled_weights(*parts)
+            self._seen = [(weakref.ref(t), t._version) for t in tensors]
+        return self._weights
+
+    def __getstate__(self):  # a copy of the model (pickled, deep-copied) packs afresh
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+
 def make_decoder(choice: str, model: nn.Module, parts: tuple | str, logits: torch.Tensor, state: State,
-                 temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator):
+                 temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator,
+                 cache: PackedWeightsCache | None = None):
     """The decoder ``choice`` asks for: ``"loop"``; ``"compiled"`` (a ValueError naming
     ``decoder`` and the reason where it cannot run); ``"auto"``: compiled where the model's
     rnn runs on the compiled CPU kernels itself and the compiled loop can run it, else the loop.
 
-    ``parts``: the model's ``(embedding, rnn, linear)``, or why it has no such parts.
+    ``parts``: the model's ``(embedding, rnn, linear)``, or why it has no such parts;
+    ``cache``: where the packed weights are kept between calls (None: packed afresh).
     """
     if choice != "loop":
         reason = parts if isinstance(parts, str) else why_not_compiled(*parts)
@@ -123,7 +152,8 @@ def make_decoder(choice: str, model: nn.Module, parts: tuple | str, logits: torc
             reason = "the rnn does not run on the compiled CPU kernels"
         if reason is None:
             try:
-                return CompiledDecoder(compiled_weights(*parts), logits, state, temperature, top_k, top_p, generator)
+                weights = (cache or PackedWeightsCache()).get(parts)
+                return CompiledDecoder(weights, logits, state, temperature, top_k, top_p, generator)
             except BackendUnavailable as err:
                 reason = str(err)
         if choice == "compiled":

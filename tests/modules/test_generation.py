@@ -5,8 +5,10 @@ the two differ under one seed (their random draws differ), so their distribution
 compared: each against the softmax probabilities it is to draw from, and against each
 other, by chi-square statistics under a seeded generator (a fixed outcome, no flakiness)
 with a bound that a correct draw exceeds with probability 1e-6."""
+import copy
 import functools
 import math
+import pickle
 
 import pytest
 import torch
@@ -202,3 +204,30 @@ def test_text_streams_in_pieces_that_make_the_texts(decoder):
         assert "".join(own) == text and "hh" not in text
         counts.append(len(own))
     assert max(counts) > 3  # streamed as the chunks of steps come, not at the end
+
+
+def test_packed_weights_are_reused_until_a_weight_changes():
+    """The compiled loop's copy of the weights follows every change of them (an optimizer
+    step, load_state_dict): greedy texts stay the loop decoder's."""
+    lm = model(functools.partial(FusedLSTM, hidden_size=12, backend="cpp"))
+    lm.sample("a", 5)
+    packed = lm._packed_weights.get(lm._generation_parts())
+    assert lm._packed_weights.get(lm._generation_parts()) is packed
+    with torch.no_grad():
+        lm.rnn.weight_hh_l0.mul_(3.0)
+        lm.output_layer.module.bias.add_(torch.linspace(-2, 2, len(VOCAB)))
+    assert lm.sample("ab", 40, temperature=0) == lm.sample("ab", 40, temperature=0, decoder="loop")
+    assert lm._packed_weights.get(lm._generation_parts()) is not packed
+    other = model(functools.partial(FusedLSTM, hidden_size=12, backend="cpp"), vocab=VOCAB)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.normal_()
+    lm.load_state_dict(other.state_dict())
+    assert lm.sample("ab", 40, temperature=0) == other.sample("ab", 40, temperature=0, decoder="loop")
+
+
+def test_a_model_that_sampled_can_be_copied_and_pickled():
+    lm = model(functools.partial(FusedLSTM, hidden_size=12, backend="cpp"))
+    text = lm.sample("a", 30, seed=1)
+    assert copy.deepcopy(lm).sample("a", 30, seed=1) == text
+    assert pickle.loads(pickle.dumps(lm)).sample("a", 30, seed=1) == text
