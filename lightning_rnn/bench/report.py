@@ -48,7 +48,8 @@ def caption(table: Table) -> str:
 
 
 def _is_figure(column: str) -> bool:
-    return column.endswith(("_ms", "_bytes", "_us_per_token", "_faults", "_per_s")) or column.startswith(("time_", "mem_"))
+    figures = ("_ms", "_bytes", "_us_per_token", "_faults", "_per_s")
+    return column.endswith(figures) or column.startswith(("time_", "mem_"))
 
 
 def _header(column: str) -> str:

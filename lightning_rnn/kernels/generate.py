@@ -1,4 +1,4 @@
-"""Token-by-token generation on the compiled CPU kernels (``csrc/rnn_generate.h``).
+"""Token-by-token generation on the compiled CPU kernels (``csrc/rnn_generate.h``, ``csrc/rnn_draw.h``).
 
 The loop of a language model's sampling, draw a token, embed it, run every layer's cell
 and project to the next logits, runs in C++ for a whole chunk of steps per call: no
@@ -56,7 +56,8 @@ class GenerationWeights:
             dtype: of the matrices, float32 or bfloat16 (rounded once here; every sum is float32).
 
         Raises:
-            ValueError: naming the argument that is not float32 on the CPU, or of a wrong shape.
+            ValueError: naming an argument that is not a float32 CPU tensor (the kernel checks
+                the shapes, naming the one that does not fit).
         """
         if cell not in CELLS:
             raise ValueError(f"cell: expected one of {', '.join(CELLS)}, got {cell!r}")
@@ -65,7 +66,8 @@ class GenerationWeights:
         tensors = {"embedding": embedding, "w_out": w_out, "b_out": b_out}
         tensors.update({f"layers[{k}][{i}]": w for k, layer in enumerate(layers) for i, w in enumerate(layer)})
         for name, t in tensors.items():
-            if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype != torch.float32):
+            plain = isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype == torch.float32
+            if t is not None and not plain:
                 described = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name}: the compiled generation loop takes float32 CPU tensors, got {described}")
         if not layers:

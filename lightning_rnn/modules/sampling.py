@@ -62,7 +62,8 @@ def check_length(length, name: str = "length") -> int:
 def check_stop(stop) -> str | None:
     """A stop string: None or a non-empty str."""
     if stop is not None and (not isinstance(stop, str) or not stop):
-        raise (ValueError if isinstance(stop, str) else TypeError)(f"stop: expected None or a non-empty str, got {stop!r}")
+        error = ValueError if isinstance(stop, str) else TypeError
+        raise error(f"stop: expected None or a non-empty str, got {stop!r}")
     return stop
 
 

@@ -19,8 +19,9 @@ VOCAB = "\nabcdef "
 def checkpoint(tmp_path_factory):
     """A char LM (2 x 16 LSTM on the default backend) after one optimizer step."""
     torch.manual_seed(0)
-    model = CharLanguageModel(vocab=VOCAB, embedding_dim=6, rnn=functools.partial(FusedLSTM, hidden_size=16, num_layers=2),
-                              optimizer=functools.partial(torch.optim.Adam), val_sample_length=0)
+    rnn = functools.partial(FusedLSTM, hidden_size=16, num_layers=2)
+    model = CharLanguageModel(vocab=VOCAB, embedding_dim=6, rnn=rnn, optimizer=functools.partial(torch.optim.Adam),
+                              val_sample_length=0)
     batches = [{"inputs": torch.randint(0, len(VOCAB), (2, 8)), "targets": torch.randint(0, len(VOCAB), (2, 8))}]
     trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu")

@@ -67,14 +67,15 @@ def test_bfloat16_weights_are_the_float32_loop_on_rounded_weights():
     """bf16 weights change only the weights: the loop with them equals the float32 loop on
     weights rounded to bf16 (the sums stay float32)."""
     parts = language_model("lstm", hidden=40)
-    rounded = [p for p in (language_model("lstm", hidden=40))]
+    rounded = language_model("lstm", hidden=40)  # the same weights (seeded), to round
     with torch.no_grad():
         for module in rounded[1:]:  # the embedding stays float32 in both
             for p in module.parameters():
                 if p.dim() == 2:
                     p.copy_(p.bfloat16().float())
     logits, state = forward(parts, torch.tensor([[3]]))
-    half = CompiledDecoder(pack(parts, torch.bfloat16), logits, state, 1.0, None, None, torch.Generator().manual_seed(5))
+    half = CompiledDecoder(pack(parts, torch.bfloat16), logits, state, 1.0, None, None,
+                           torch.Generator().manual_seed(5))
     full = CompiledDecoder(pack(rounded), logits, state, 1.0, None, None, torch.Generator().manual_seed(5))
     assert torch.equal(half.run(30), full.run(30))
     torch.testing.assert_close(half.logits, full.logits, atol=1e-5, rtol=1e-5)

@@ -72,7 +72,8 @@ def test_draws_follow_the_filtered_softmax(drawer, temperature, top_k, top_p):
         ids = generate.draw(rows, temperature, top_k, top_p, generator)
     else:
         ids = sample_next(rows, temperature, top_k, generator, top_p)
-    statistic, df = chi_square(torch.bincount(ids, minlength=12).double(), filtered_probs(logits, temperature, top_k, top_p))
+    counts = torch.bincount(ids, minlength=12).double()
+    statistic, df = chi_square(counts, filtered_probs(logits, temperature, top_k, top_p))
     assert statistic < chi_square_bound(df)
 
 
@@ -231,3 +232,11 @@ def test_a_model_that_sampled_can_be_copied_and_pickled():
     text = lm.sample("a", 30, seed=1)
     assert copy.deepcopy(lm).sample("a", 30, seed=1) == text
     assert pickle.loads(pickle.dumps(lm)).sample("a", 30, seed=1) == text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_a_model_on_a_gpu_samples_with_the_loop():
+    lm = model(functools.partial(FusedLSTM, hidden_size=12)).cuda()
+    with pytest.raises(ValueError, match="torch.float32 on cuda:0, not float32 on the CPU"):
+        lm.sample("a", 5, decoder="compiled")
+    assert lm.sample("a", 30, seed=4) == lm.sample("a", 30, seed=4, decoder="loop")
