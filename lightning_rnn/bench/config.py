@@ -10,94 +10,22 @@ internally and milliseconds in reports; memory is in bytes internally, MiB in re
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from .implementations import parse_impl
+from .validators import (
+    choices, flag, from_mapping, implementation_names, integer, integers, non_empty_list, number_in, optional_integer,
+    section,
+)
 
 CELLS = ("lstm", "gru")
 
 
-# ----- validators (each raises ValueError naming the key) ------------------------------
-def _int(key: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _optional_int(key: str, value: Any, minimum: int = 1) -> int | None:
-    return None if value is None else _int(key, value, minimum)
-
-
-def _float(key: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-        raise ValueError(f"{key}: expected a number in ({low}, {high}], got {value!r}")
-    return float(value)
-
-
-def _ints(key: str, value: Any, minimum: int = 1) -> list[int]:
-    items = _list(key, value)
-    return [_int(f"{key}[{i}]", v, minimum) for i, v in enumerate(items)]
-
-
-def _choices(key: str, value: Any, allowed: Sequence[str]) -> list[str]:
-    items = _list(key, value)
-    for i, v in enumerate(items):
-        if v not in allowed:
-            raise ValueError(f"{key}[{i}]: expected one of {', '.join(allowed)}, got {v!r}")
-    if len(set(items)) != len(items):
-        raise ValueError(f"{key}: duplicate entries in {items!r}")
-    return list(items)
-
-
-def _implementations(key: str, value: Any, *, packed: bool = False, projected: bool = False) -> list[str]:
-    """A list of implementation names (see :mod:`lightning_rnn.bench.implementations`)."""
-    items = _list(key, value)
-    for i, name in enumerate(items):
-        spec = parse_impl(name, f"{key}[{i}]")
-        if packed and spec.base == "naive":
-            raise ValueError(f"{key}[{i}]: 'naive' cannot run packed (variable-length) batches")
-        if projected and spec.base in ("naive", "gemm"):
-            raise ValueError(f"{key}[{i}]: {spec.base!r} has no projection (proj_size); use ours or torch")
-    if len(set(items)) != len(items):
-        raise ValueError(f"{key}: duplicate entries in {items!r}")
-    return items
-
-
-def _list(key: str, value: Any) -> list:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
-        raise ValueError(f"{key}: expected a non-empty list, got {value!r}")
-    return list(value)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _from_mapping(cls, key: str, values: Mapping):
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys by name."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names - {"_target_"})
-    if unknown:
-        raise ValueError(f"{key}.{unknown[0]}: unknown key (expected one of {', '.join(sorted(names))})")
-    return cls(**{k: v for k, v in values.items() if k != "_target_"})
-
-
-def _section(cls, key: str, value: Any):
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, Mapping):
-        return _from_mapping(cls, key, value)
-    raise ValueError(f"{key}: expected a mapping, got {value!r}")
-
-
-# ----- sections -----------------------------------------------------------------------
+# ----- sections (their values checked by .validators) ----------------------------------
 @dataclass
 class GridConfig:
     """torch-rnn's grid: every (cell, layers, hidden) point, each implementation, fwd+bwd."""
@@ -114,14 +42,14 @@ class GridConfig:
 
     def __post_init__(self):
         k = self._key
-        self.enabled = _bool(f"{k}.enabled", self.enabled)
-        self.cells = _choices(f"{k}.cells", self.cells, CELLS)
-        self.implementations = _implementations(f"{k}.implementations", self.implementations)
-        self.batch = _int(f"{k}.batch", self.batch)
-        self.seq_len = _int(f"{k}.seq_len", self.seq_len)
-        self.layers = _ints(f"{k}.layers", self.layers)
-        self.hidden = _ints(f"{k}.hidden", self.hidden)
-        self.input_size = _optional_int(f"{k}.input_size", self.input_size)
+        self.enabled = flag(f"{k}.enabled", self.enabled)
+        self.cells = choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = implementation_names(f"{k}.implementations", self.implementations)
+        self.batch = integer(f"{k}.batch", self.batch)
+        self.seq_len = integer(f"{k}.seq_len", self.seq_len)
+        self.layers = integers(f"{k}.layers", self.layers)
+        self.hidden = integers(f"{k}.hidden", self.hidden)
+        self.input_size = optional_integer(f"{k}.input_size", self.input_size)
 
 
 @dataclass
@@ -139,14 +67,14 @@ class VarlenConfig:
 
     def __post_init__(self):
         k = "bench.varlen"
-        self.enabled = _bool(f"{k}.enabled", self.enabled)
-        self.cells = _choices(f"{k}.cells", self.cells, CELLS)
-        self.implementations = _implementations(f"{k}.implementations", self.implementations, packed=True)
-        self.batch = _int(f"{k}.batch", self.batch)
-        self.seq_len = _int(f"{k}.seq_len", self.seq_len)
-        self.layers = _ints(f"{k}.layers", self.layers)
-        self.hidden = _ints(f"{k}.hidden", self.hidden)
-        self.fill = _float(f"{k}.fill", self.fill, 0.0, 1.0)
+        self.enabled = flag(f"{k}.enabled", self.enabled)
+        self.cells = choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = implementation_names(f"{k}.implementations", self.implementations, packed=True)
+        self.batch = integer(f"{k}.batch", self.batch)
+        self.seq_len = integer(f"{k}.seq_len", self.seq_len)
+        self.layers = integers(f"{k}.layers", self.layers)
+        self.hidden = integers(f"{k}.hidden", self.hidden)
+        self.fill = number_in(f"{k}.fill", self.fill, 0.0, 1.0)
 
 
 @dataclass
@@ -165,15 +93,15 @@ class ScalingConfig:
 
     def __post_init__(self):
         k = "bench.scaling"
-        self.enabled = _bool(f"{k}.enabled", self.enabled)
-        self.cells = _choices(f"{k}.cells", self.cells, CELLS)
-        self.implementations = _implementations(f"{k}.implementations", self.implementations)
-        self.batch = _int(f"{k}.batch", self.batch)
-        self.layers = _int(f"{k}.layers", self.layers)
-        self.seq_lens = _ints(f"{k}.seq_lens", self.seq_lens)
-        self.hidden = _ints(f"{k}.hidden", self.hidden)
-        self.rounds = _int(f"{k}.rounds", self.rounds)
-        self.warmup = _int(f"{k}.warmup", self.warmup, minimum=0)
+        self.enabled = flag(f"{k}.enabled", self.enabled)
+        self.cells = choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = implementation_names(f"{k}.implementations", self.implementations)
+        self.batch = integer(f"{k}.batch", self.batch)
+        self.layers = integer(f"{k}.layers", self.layers)
+        self.seq_lens = integers(f"{k}.seq_lens", self.seq_lens)
+        self.hidden = integers(f"{k}.hidden", self.hidden)
+        self.rounds = integer(f"{k}.rounds", self.rounds)
+        self.warmup = integer(f"{k}.warmup", self.warmup, minimum=0)
 
 
 @dataclass
@@ -206,9 +134,9 @@ class ProjectionConfig(GridConfig):
     def __post_init__(self):
         super().__post_init__()
         k = self._key
-        self.cells = _choices(f"{k}.cells", self.cells, ("lstm",))
-        self.implementations = _implementations(f"{k}.implementations", self.implementations, projected=True)
-        self.proj_sizes = _ints(f"{k}.proj_sizes", self.proj_sizes)
+        self.cells = choices(f"{k}.cells", self.cells, ("lstm",))
+        self.implementations = implementation_names(f"{k}.implementations", self.implementations, projected=True)
+        self.proj_sizes = integers(f"{k}.proj_sizes", self.proj_sizes)
 
 
 @dataclass
@@ -230,22 +158,22 @@ class AloneConfig:
 
     def __post_init__(self):
         k = "bench.alone"
-        self.enabled = _bool(f"{k}.enabled", self.enabled)
-        self.cells = _choices(f"{k}.cells", self.cells, CELLS)
-        self.implementations = _implementations(f"{k}.implementations", self.implementations)
+        self.enabled = flag(f"{k}.enabled", self.enabled)
+        self.cells = choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = implementation_names(f"{k}.implementations", self.implementations)
         for i, name in enumerate(self.implementations):
             spec = parse_impl(name)
             if spec.base not in ("ours", "torch") or spec.modifiers:
                 raise ValueError(f"{k}.implementations[{i}]: expected 'ours', 'ours:<backend>' or 'torch', "
                                  f"got {name!r}")
-        self.batch = _int(f"{k}.batch", self.batch)
-        self.seq_len = _int(f"{k}.seq_len", self.seq_len)
-        self.layers = _ints(f"{k}.layers", self.layers)
-        self.hidden = _ints(f"{k}.hidden", self.hidden)
-        self.steps = _int(f"{k}.steps", self.steps)
-        self.warmup = _int(f"{k}.warmup", self.warmup, minimum=0)
-        self.pairs = _int(f"{k}.pairs", self.pairs)
-        self.input_grad = _bool(f"{k}.input_grad", self.input_grad)
+        self.batch = integer(f"{k}.batch", self.batch)
+        self.seq_len = integer(f"{k}.seq_len", self.seq_len)
+        self.layers = integers(f"{k}.layers", self.layers)
+        self.hidden = integers(f"{k}.hidden", self.hidden)
+        self.steps = integer(f"{k}.steps", self.steps)
+        self.warmup = integer(f"{k}.warmup", self.warmup, minimum=0)
+        self.pairs = integer(f"{k}.pairs", self.pairs)
+        self.input_grad = flag(f"{k}.input_grad", self.input_grad)
 
 
 @dataclass
@@ -259,7 +187,43 @@ class CallbacksConfig:
 
     def __post_init__(self):
         for name in ("enabled", "checkpoint_vs_naive", "checkpoint_scaling", "packed_epoch"):
-            setattr(self, name, _bool(f"bench.callbacks.{name}", getattr(self, name)))
+            setattr(self, name, flag(f"bench.callbacks.{name}", getattr(self, name)))
+
+
+GENERATORS = ("compiled", "compiled_bf16", "fused_loop", "plain")
+
+
+@dataclass
+class GenerationConfig:
+    """Characters per second of a character LM's sampling at batch 1 (:mod:`.generation`):
+    the compiled loop with float32 and bfloat16 weights, Python loops over steps of the fused
+    layer and of torch.nn's, and the weight-bandwidth bound."""
+
+    enabled: bool = True
+    cells: list[str] = field(default_factory=lambda: ["lstm"])
+    implementations: list[str] = field(default_factory=lambda: list(GENERATORS))
+    models: list[list[int]] = field(default_factory=lambda: [[2, 128], [3, 512]])  # [layers, hidden] each
+    embedding_dim: int = 64
+    vocab: int = 96
+    length: int = 200  # characters per timed call
+    threads: int | None = 1  # the section's torch threads; null: the run's
+    bandwidth_mb: int = 256  # the copy that measures memory bandwidth, in MiB: past every cache
+
+    def __post_init__(self):
+        k = "bench.generation"
+        self.enabled = flag(f"{k}.enabled", self.enabled)
+        self.cells = choices(f"{k}.cells", self.cells, CELLS)
+        self.implementations = choices(f"{k}.implementations", self.implementations, GENERATORS)
+        self.models = non_empty_list(f"{k}.models", self.models)
+        for i, point in enumerate(self.models):
+            if isinstance(point, (str, bytes)) or not isinstance(point, Sequence) or len(point) != 2:
+                raise ValueError(f"{k}.models[{i}]: expected a pair [layers, hidden], got {point!r}")
+            self.models[i] = integers(f"{k}.models[{i}]", point)
+        self.embedding_dim = integer(f"{k}.embedding_dim", self.embedding_dim)
+        self.vocab = integer(f"{k}.vocab", self.vocab, minimum=2)
+        self.length = integer(f"{k}.length", self.length)
+        self.threads = optional_integer(f"{k}.threads", self.threads)
+        self.bandwidth_mb = integer(f"{k}.bandwidth_mb", self.bandwidth_mb)
 
 
 @dataclass
@@ -273,6 +237,7 @@ class BenchConfig:
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     alone: AloneConfig = field(default_factory=AloneConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     checkpoint_chunk_size: int | None = None  # for '+ckpt' implementations; None: the layer's "sqrt"
     rounds: int = 9  # timed rounds; each implementation runs once per round
     warmup: int = 2  # untimed rounds first
@@ -287,29 +252,30 @@ class BenchConfig:
     note: str | None = None  # a line printed first and put in every table's header
 
     def __post_init__(self):
-        self.grid = _section(GridConfig, "bench.grid", self.grid)
-        self.varlen = _section(VarlenConfig, "bench.varlen", self.varlen)
-        self.scaling = _section(ScalingConfig, "bench.scaling", self.scaling)
-        self.features = _section(FeaturesConfig, "bench.features", self.features)
-        self.projection = _section(ProjectionConfig, "bench.projection", self.projection)
-        self.alone = _section(AloneConfig, "bench.alone", self.alone)
-        self.callbacks = _section(CallbacksConfig, "bench.callbacks", self.callbacks)
-        self.checkpoint_chunk_size = _optional_int("bench.checkpoint_chunk_size", self.checkpoint_chunk_size)
-        self.rounds = _int("bench.rounds", self.rounds)
-        self.warmup = _int("bench.warmup", self.warmup, minimum=0)
+        self.grid = section(GridConfig, "bench.grid", self.grid)
+        self.varlen = section(VarlenConfig, "bench.varlen", self.varlen)
+        self.scaling = section(ScalingConfig, "bench.scaling", self.scaling)
+        self.features = section(FeaturesConfig, "bench.features", self.features)
+        self.projection = section(ProjectionConfig, "bench.projection", self.projection)
+        self.alone = section(AloneConfig, "bench.alone", self.alone)
+        self.callbacks = section(CallbacksConfig, "bench.callbacks", self.callbacks)
+        self.generation = section(GenerationConfig, "bench.generation", self.generation)
+        self.checkpoint_chunk_size = optional_integer("bench.checkpoint_chunk_size", self.checkpoint_chunk_size)
+        self.rounds = integer("bench.rounds", self.rounds)
+        self.warmup = integer("bench.warmup", self.warmup, minimum=0)
         seconds = self.min_seconds
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
             raise ValueError(f"bench.min_seconds: expected a number >= 0, got {seconds!r}")
         self.min_seconds = float(seconds)
-        self.threads = _optional_int("bench.threads", self.threads)
+        self.threads = optional_integer("bench.threads", self.threads)
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"bench.device: expected 'cpu' or 'cuda[:index]', got {self.device!r}")
-        self.seed = _int("bench.seed", self.seed, minimum=0)
+        self.seed = integer("bench.seed", self.seed, minimum=0)
         if self.out_dir is not None and not isinstance(self.out_dir, (str, os.PathLike)):
             raise ValueError(f"bench.out_dir: expected a path or null, got {self.out_dir!r}")
         if self.page is not None and not (isinstance(self.page, (str, os.PathLike)) and str(self.page).endswith(".md")):
             raise ValueError(f"bench.page: expected the path of a Markdown (.md) file or null, got {self.page!r}")
-        self.plots = _bool("bench.plots", self.plots)
+        self.plots = flag("bench.plots", self.plots)
         if self.table not in ("auto", "rich", "plain", "none"):
             raise ValueError(f"bench.table: expected one of auto, rich, plain, none, got {self.table!r}")
         if self.note is not None and not isinstance(self.note, str):
@@ -331,7 +297,7 @@ class BenchConfig:
             pass
         if not isinstance(cfg, Mapping):
             raise ValueError(f"bench: expected a mapping or a BenchConfig, got {type(cfg).__name__}")
-        return _from_mapping(cls, "bench", cfg)
+        return from_mapping(cls, "bench", cfg)
 
 
 # ----- presets (conf/bench/*.yaml) ----------------------------------------------------------

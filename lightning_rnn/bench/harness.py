@@ -9,7 +9,8 @@ Sections (each a field of :class:`~lightning_rnn.bench.config.BenchConfig` with 
 - ``features``: gradient checkpointing (``ours+ckpt``) and bf16 autocast (``ours+bf16``);
 - ``projection``: the LSTM with torch.nn's ``proj_size``, ours vs torch.nn;
 - ``alone``: a training step of each implementation in processes of its own;
-- ``callbacks``: the callbacks' own studies (checkpointing vs T, PackedSequences epoch).
+- ``callbacks``: the callbacks' own studies (checkpointing vs T, PackedSequences epoch);
+- ``generation``: characters per second of a character LM's sampling at batch 1.
 
 Adding a section = a config dataclass, a ``run_*`` function returning Tables, and one
 entry in :data:`SECTIONS`. Everything is written to the output directory as soon as
@@ -35,6 +36,7 @@ from . import report
 from .alone import run_alone
 from .config import BenchConfig
 from .callback_figures import run_callback_figures
+from .generation import run_generation
 from .grid import run_grid
 from .measure import Table
 from .page import TABLE_ORDER, write_page
@@ -53,6 +55,7 @@ SECTIONS: dict[str, Callable[[BenchConfig, Log], list[Table]]] = {
     "projection": lambda cfg, log: [_projection(cfg, log)],
     "alone": lambda cfg, log: [run_alone(cfg.alone, cfg, torch.get_num_threads(), log=log)],
     "callbacks": lambda cfg, log: run_callback_figures(cfg.callbacks, log=log),
+    "generation": lambda cfg, log: [run_generation(cfg.generation, cfg, log=log)],
 }
 
 

@@ -19,7 +19,7 @@ from .report import caption, read_csv
 
 # The tables in the order a run makes them; others follow by name.
 TABLE_ORDER = ("grid", "varlen", "scaling", "features", "projection", "alone", "checkpoint_vs_naive",
-               "checkpoint_scaling", "packed_epoch")
+               "checkpoint_scaling", "packed_epoch", "generation")
 
 RUN_FIELDS = {  # what the page shows of a run, from the lines harness.environment writes
     "date": r"date: ([^;]+)",

@@ -48,7 +48,8 @@ def caption(table: Table) -> str:
 
 
 def _is_figure(column: str) -> bool:
-    return column.endswith(("_ms", "_bytes", "_us_per_token", "_faults")) or column.startswith(("time_", "mem_"))
+    figures = ("_ms", "_bytes", "_us_per_token", "_faults", "_per_s")
+    return column.endswith(figures) or column.startswith(("time_", "mem_"))
 
 
 def _header(column: str) -> str:
@@ -56,7 +57,7 @@ def _header(column: str) -> str:
         if column.startswith(prefix):
             return f"{label} {column[len(prefix):]}"
     for suffix, unit in (("_peak_bytes", "peak MiB"), ("_bytes", "MiB"), ("_ms", "ms"), ("_us_per_token", "us/token"),
-                         ("_faults", "faults")):
+                         ("_faults", "faults"), ("_chars_per_s", "chars/s")):
         if column.endswith(suffix):
             return f"{column[: -len(suffix)]} {unit}"
     return column
@@ -67,6 +68,8 @@ def _format(column: str, value) -> str:
         return ""
     if column.endswith("_bytes"):
         return f"{value / MIB:.2f}"
+    if column.endswith("_per_s"):
+        return f"{value:,.0f}"
     if isinstance(value, float):
         if column.endswith(("_ms", "_us_per_token")):
             return f"{value:.1f}" if value >= 10 else f"{value:.2f}"

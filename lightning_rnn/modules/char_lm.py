@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,9 +12,10 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..data.vocab import CharVocab
 from ..layers import TemporalAdapter
-from ..utils.checks import check_int, check_seed
+from ..utils.checks import check_callable, check_choice, check_int, check_seed
+from .generation import DECODERS, PackedWeightsCache, decode_texts, make_decoder, repeat_rows
 from .rnn_module import RNNModule
-from .sampling import check_length, check_sampling_arguments, plain_number, sample_next
+from .sampling import check_length, check_sampling_arguments, check_stop, plain_number
 from .text_logging import log_text_samples
 
 
@@ -44,7 +46,7 @@ class CharLanguageModel(RNNModule):
                  val_sample_temperature: float = 0.8, **kwargs):
         # checked now, not when the first validation samples (after a whole training interval)
         check_length(val_sample_length, "val_sample_length")
-        check_sampling_arguments(val_sample_temperature, None, "val_sample_temperature")
+        check_sampling_arguments(val_sample_temperature, None, temperature_name="val_sample_temperature")
         check_int("embedding_dim", embedding_dim, 1)  # named here: the rnn would call it input_size
         super().__init__(input_size=embedding_dim, **kwargs)
         if self.num_directions == 2:
@@ -54,6 +56,7 @@ class CharLanguageModel(RNNModule):
         self.input_layer = nn.Embedding(len(self.vocab), embedding_dim)
         self.output_layer = TemporalAdapter(nn.Linear(self.rnn_output_size, len(self.vocab)))
         self._val_samples: deque[tuple[int, str]] = deque(maxlen=self.val_samples_kept)
+        self._packed_weights = PackedWeightsCache()  # the compiled generation loop's copy of the weights
 
     def encode(self, inputs, state=None, lengths=None):
         self.check_token_ids(inputs)
@@ -97,41 +100,73 @@ class CharLanguageModel(RNNModule):
 
     @torch.no_grad()
     def sample(self, start_text: str = "", length: int = 200, temperature: float = 1.0, top_k: int | None = None,
-               seed: int | None = None) -> str:
-        """``start_text`` followed by ``length`` generated characters.
+               seed: int | None = None, *, top_p: float | None = None, num_samples: int | None = None,
+               stop: str | None = None, on_text: Callable[[int, str], None] | None = None,
+               decoder: str = "auto") -> str | list[str]:
+        """``start_text`` followed by ``length`` generated characters (a list of
+        ``num_samples`` such texts when it is given, drawn side by side).
 
-        The prefix runs through the network once; then each character is drawn (see
+        The prefix runs through the network once; then each character is drawn with
+        ``temperature``, ``top_k`` and ``top_p`` (see
         :func:`~lightning_rnn.modules.sampling.sample_next`) and fed back with the carried
         state, one step at a time. With an empty ``start_text`` the first of the ``length``
         characters is drawn uniformly. ``seed`` makes the result reproducible without
         touching the global RNG.
+
+        Args:
+            stop: a text ends before the first occurrence of this string in its generated
+                characters (None: after ``length`` of them).
+            on_text: called as ``on_text(index, text)`` with each piece of sample ``index``'s
+                text as it is generated (the start text first); a sample's pieces joined are
+                its final text.
+            decoder: ``"loop"`` runs the network's forward once per character; ``"compiled"``
+                runs the whole loop in C++ (:mod:`lightning_rnn.modules.generation` says for
+                which models), a ValueError where it cannot; ``"auto"`` (default) compiled
+                where the rnn runs on the compiled CPU kernels itself, else the loop. Both
+                draw from the same distribution, but their random draws differ: the same
+                seed gives each its own text.
         """
         length, seed = check_length(length), check_seed(plain_number(seed), optional=True)
-        temperature, top_k = check_sampling_arguments(temperature, top_k)
-        if not start_text and length == 0:
-            return ""
+        temperature, top_k, top_p = check_sampling_arguments(temperature, top_k, top_p)
+        rows = 1 if num_samples is None else check_int("num_samples", plain_number(num_samples), 1)
+        stop = check_stop(stop)
+        check_choice("decoder", decoder, DECODERS)
+        check_callable("on_text", on_text, "a callable on_text(index, text)", optional=True)
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
         else:
             generator.manual_seed(seed)
         if start_text:
-            prefix = self.vocab.encode(start_text, name="start_text").to(self.device)
+            prefix = self.vocab.encode(start_text, name="start_text").to(self.device).view(1, -1)
+            starts = [start_text] * rows
+        elif length:
+            prefix = torch.randint(len(self.vocab), (rows, 1), generator=generator, device=self.device)
+            starts, length = [self.vocab.decode(first) for first in prefix], length - 1
         else:
-            prefix = torch.randint(len(self.vocab), (1,), generator=generator, device=self.device)
-            start_text, length = self.vocab.decode(prefix), length - 1
+            starts = [""] * rows
         was_training = self.training
         self.eval()
         try:
-            logits, state = self(prefix.view(1, -1))  # (1, T, V)
-            generated = []
-            for _ in range(length):
-                next_id = sample_next(logits[:, -1], temperature, top_k, generator)  # (1,)
-                generated.append(next_id)
-                logits, state = self(next_id.view(1, 1), state)
+            steps = None  # no decoder when no character is left to draw
+            if length:
+                logits, state = self(prefix)  # (1 or rows, T, V)
+                logits, state = repeat_rows(logits[:, -1], rows), repeat_rows(state, rows)
+                steps = make_decoder(decoder, self, self._generation_parts(), logits, state, temperature, top_k,
+                                     top_p, generator, self._packed_weights)
+            texts = decode_texts(steps, self.vocab, starts, length, stop, on_text)
         finally:
             self.train(was_training)
-        return start_text + (self.vocab.decode(torch.cat(generated)) if generated else "")
+        return texts[0] if num_samples is None else texts
+
+    def _generation_parts(self) -> tuple[nn.Module, nn.Module, nn.Module] | str:
+        """(embedding, rnn, output Linear) for the compiled generation loop, or why this
+        model is not that: a subclass that computes its predictions otherwise."""
+        own = (type(self).forward is RNNModule.forward and type(self).encode is CharLanguageModel.encode
+               and type(self).head is CharLanguageModel.head)
+        if not own or type(self.output_layer) is not TemporalAdapter:
+            return f"{type(self).__name__} computes its predictions otherwise than CharLanguageModel"
+        return self.input_layer, self.rnn, self.output_layer.module
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()

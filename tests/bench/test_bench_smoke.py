@@ -52,7 +52,7 @@ def test_ratios_are_positive_finite_and_consistent(run):
                 assert value > 0 and math.isfinite(value), (table.name, key, value)
                 metric, pair = key.split("_", 1)
                 a, b = pair.split("/")
-                unit = "_ms" if metric == "time" else "_bytes"
+                unit = "_bytes" if metric == "mem" else "_ms" if a + "_ms" in row else "_us_per_token"
                 assert value == pytest.approx(row[a + unit] / row[b + unit])
 
 
@@ -190,3 +190,30 @@ def test_replot_redraws_from_the_csvs(run):
     assert read_csv(result.out_dir / "grid.csv").rows == result.tables["grid"].rows
     names = sorted(p.name for p in replot(result.out_dir))
     assert names == ["gru_memory.png", "gru_time.png", "lstm_memory.png", "lstm_time.png", "scaling.png"]
+
+
+def lstm_weight_bytes(layers, hidden, embedding, vocab, element=4):
+    """Bytes a character reads: every layer's W_ih, W_hh (element bytes each) and folded bias
+    (float32), the output layer's weight and bias, one embedding row (float32)."""
+    matrices = sum(4 * hidden * ((embedding if k == 0 else hidden) + hidden) for k in range(layers)) + vocab * hidden
+    return matrices * element + 4 * (layers * 4 * hidden + vocab + embedding)
+
+
+def test_generation_section(run):
+    """Characters per second of every implementation, and the bound from the weights' bytes."""
+    cfg, result, lines, _ = run
+    section = cfg.generation
+    rows = result.tables["generation"].rows
+    assert [(r["cell"], r["layers"], r["hidden"]) for r in rows] == [
+        (c, layers, hidden) for c in section.cells for layers, hidden in section.models]
+    for row in rows:
+        for name in (*section.implementations, "bound", "bound_bf16"):
+            assert row[f"{name}_chars_per_s"] == pytest.approx(1e6 / row[f"{name}_us_per_token"])
+        assert row["bound_chars_per_s"] == pytest.approx(row["bandwidth_gbs"] * 1e9 / row["weight_bytes"])
+        assert row["bound_bf16_chars_per_s"] == pytest.approx(row["bandwidth_gbs"] * 1e9 / row["weight_bf16_bytes"])
+        assert row["threads"] == 1 and row["batch"] == 1 and row["seq_len"] == section.length
+        if row["cell"] == "lstm":
+            args = (row["layers"], row["hidden"], section.embedding_dim, section.vocab)
+            assert row["weight_bytes"] == lstm_weight_bytes(*args)
+            assert row["weight_bf16_bytes"] == lstm_weight_bytes(*args, element=2)
+    assert any(line.startswith("[generation] lstm 1x8: compiled ") for line in lines)

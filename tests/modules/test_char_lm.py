@@ -46,6 +46,14 @@ def test_top_k_one_is_greedy(model):
     (dict(length=-1), ValueError, "length"),
     (dict(seed="1"), TypeError, "seed: expected None or an int, got '1'"),  # not torch's manual_seed error
     (dict(seed=1.5), TypeError, "seed: expected None or an int, got 1.5"),
+    (dict(top_p=0.0), ValueError, r"top_p: expected None or a finite number in \(0, 1\], got 0.0"),
+    (dict(top_p=1.5), ValueError, "top_p: expected None or a finite number in"),
+    (dict(num_samples=0), ValueError, "num_samples: expected an int >= 1, got 0"),
+    (dict(num_samples=2.0), TypeError, "num_samples: expected an int >= 1, got 2.0"),
+    (dict(stop=""), ValueError, "stop: expected None or a non-empty str, got ''"),
+    (dict(stop=["\n"]), TypeError, "stop: expected None or a non-empty str"),
+    (dict(decoder="fast"), ValueError, "decoder: expected one of 'auto', 'compiled', 'loop', got 'fast'"),
+    (dict(on_text="print"), TypeError, r"on_text: expected None or a callable on_text\(index, text\)"),
 ])
 def test_sample_rejects_bad_arguments(model, arguments, error, message):
     with pytest.raises(error, match=message):
@@ -163,3 +171,25 @@ def test_validation_samples_keep_only_the_newest(monkeypatch):
     assert [len(rows) for rows in logged] == [1, 2, 3, 3, 3]
     assert [step for step, _ in logged[-1]] == [3, 4, 5]  # global steps of the last three validations
     assert all(len(text) == 4 for _, text in logged[-1])
+
+
+def test_num_samples_gives_a_list_of_texts_drawn_side_by_side(model):
+    texts = model.sample("ab", 30, seed=3, num_samples=4)
+    assert len(texts) == 4 and len(set(texts)) == 4
+    assert all(t.startswith("ab") and len(t) == 32 for t in texts)
+    assert model.sample("ab", 30, seed=3, num_samples=1) == [model.sample("ab", 30, seed=3)]
+    firsts = {t[0] for t in model.sample("", 3, seed=3, num_samples=30)}  # each draws its own first character
+    assert len(firsts) > 1
+
+
+def test_top_p_keeps_the_most_likely_characters(model):
+    """A nucleus this small holds the most likely character alone: greedy decoding."""
+    assert model.sample("ab", 25, seed=0, top_p=1e-6) == model.sample("ab", 25, temperature=0)
+    assert model.sample("ab", 25, seed=0, top_p=1.0) == model.sample("ab", 25, seed=0)
+
+
+def test_a_text_of_no_new_characters_still_reaches_on_text(model):
+    pieces = []
+    assert model.sample("abc", 0, on_text=lambda i, text: pieces.append((i, text)), num_samples=2) == ["abc", "abc"]
+    assert pieces == [(0, "abc"), (1, "abc")]
+    assert model.sample("", 0, num_samples=2) == ["", ""]

@@ -17,6 +17,7 @@
 
 #include "rnn_autograd.h"
 #include "rnn_driver.h"
+#include "rnn_generate.h"
 
 namespace lrnn {
 
@@ -222,4 +223,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__exit__", [](WeightPacks& p, py::args) { p.exit(); })
       .def("clear", &WeightPacks::clear, "drop the packed copies")
       .def("__len__", &WeightPacks::size, "number of packed weights held");
+  // token-by-token generation (rnn_generate.h; kernels/generate.py)
+  m.def("lstm_generate", &Flushed<&generate<LstmCell>>::call, "steps of an LSTM language model's sampling", nogil);
+  m.def("gru_generate", &Flushed<&generate<GruCell>>::call, "steps of a GRU language model's sampling", nogil);
+  m.def("draw_tokens", &Flushed<&draw_tokens>::call, "one token per row of logits, as generation draws it", nogil);
+  m.def("generation_panels", &pack_panels, "a matrix in the column panels generation reads", nogil);
 }
