@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from cell_loops import LoopConfig, LoopLayer, record_masks, split_masks
 from layer_helpers import outputs_and_grads
@@ -255,11 +255,12 @@ def test_bf16_autocast_close_to_float32_loop(cell, structure, option, backend, m
     loop_out, loop_state = LoopLayer(layer, masks)(inp, hx)
     states = state if isinstance(state, tuple) else (state,)
     loop_states = loop_state if isinstance(loop_state, tuple) else (loop_state,)
-    for name, a, b in zip(("output", "h_n", "c_n"), [out.data, *states], [loop_out.data, *loop_states]):
+    out, loop_out = (o.data if isinstance(o, PackedSequence) else o for o in (out, loop_out))
+    for name, a, b in zip(("output", "h_n", "c_n"), [out, *states], [loop_out, *loop_states]):
         torch.testing.assert_close(a.float(), b, rtol=0, atol=BF16_ATOL, msg=lambda m: f"{name}: {m}")
     leaves = [x, *(hx if isinstance(hx, tuple) else [hx])] + list(layer.parameters())
-    grads = torch.autograd.grad(out.data.float().sum() + sum(s.float().sum() for s in states), leaves)
-    loop_grads = torch.autograd.grad(loop_out.data.sum() + sum(s.sum() for s in loop_states), leaves)
+    grads = torch.autograd.grad(out.float().sum() + sum(s.float().sum() for s in states), leaves)
+    loop_grads = torch.autograd.grad(loop_out.sum() + sum(s.sum() for s in loop_states), leaves)
     names = ["input", "h_0", "c_0"][: 1 + len(states)] + [n for n, _ in layer.named_parameters()]
     for name, g, g_ref in zip(names, grads, loop_grads, strict=True):
         assert torch.isfinite(g).all(), name
