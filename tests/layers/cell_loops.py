@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -79,8 +80,6 @@ class MaskRecording:
 def record_masks(monkeypatch) -> MaskRecording:
     """Wraps ``masks.draw`` (and standard dropout's ``dropout_keep`` wherever a kernels module
     bound it) to call the original and keep a copy of each mask."""
-    import sys
-
     from lightning_rnn.kernels import masks
 
     recording = MaskRecording()
