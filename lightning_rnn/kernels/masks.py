@@ -10,6 +10,7 @@ torch.nn's random stream.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +19,35 @@ import torch
 def draw(kind: str, shape, p: float, device: torch.device) -> torch.Tensor:
     """A bool tensor of ``shape``, True with probability ``p``. ``kind`` names the mask
     ("weight_drop", "recurrent_dropout", "zoneout_c", "zoneout_h", "dropout"): for the
-    dropouts p is the probability to keep, for zoneout to keep the previous value."""
-    return torch.rand(shape, device=device) < p
+    dropouts p is the probability to keep, for zoneout to keep the previous value.
+
+    On the CPU, where the compiled kernels are built, from a seed drawn from torch's
+    generator (so ``torch.manual_seed`` reproduces it) by the kernels' vectorized
+    generator (csrc/rnn_random.h); else ``torch.rand(shape) < p``."""
+    device = torch.device(device)
+    ext = _cpu_extension() if device.type == "cpu" else None
+    if ext is None:
+        return torch.rand(shape, device=device) < p
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    return ext.random_mask(seed, math.prod(shape), float(p)).view(shape)
+
+
+def _cpu_extension():
+    """The built cpp extension, or None where it is not available (no compiler: masks then
+    come from torch.rand)."""
+    global _extension
+    if _extension is False:
+        from .backends import BackendUnavailable
+        from .cpp import load
+
+        try:
+            _extension = load()
+        except BackendUnavailable:
+            _extension = None
+    return _extension
+
+
+_extension = False  # not looked up yet
 
 
 @dataclass(frozen=True)

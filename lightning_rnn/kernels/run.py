@@ -28,11 +28,11 @@ from typing import Sequence
 
 import torch
 
-from . import checkpointing, dispatch, precision
+from . import checkpointing, dispatch, masks, precision
 from .backends import Backend
 from .batch import SequenceBatch
 from .cell import CellExtras, CellSpec
-from .masks import draw, draw_layer_masks, drop_weight, dropout, dropout_keep
+from .masks import draw_layer_masks, drop_weight, dropout, dropout_keep
 from .precision import compute_input
 
 WEIGHTS_PER_LAYER = 5  # (w_ih, w_hh, b_ih, b_hh, w_hr) per layer-direction, None where absent
@@ -84,11 +84,11 @@ def run(cell: CellSpec, backend: str, batch: SequenceBatch, states: list[torch.T
     if kernels is None:  # "torch", or an empty batch (B = 0): torch.nn's empty outputs
         _check_torch_serves(backend, batch, options, norms is not None)
         return _run_torch(cell, batch, _states_or_zeros(cell, batch, states, options), weights, options)
-    masks = _draw_masks(cell, batch, weights, options)
+    layer_masks = _draw_masks(cell, batch, weights, options)
     if options.weight_drop and options.training:
         weights = [(w_ih, drop_weight(w_hh, m.weight_keep, options.weight_drop), *rest)
-                   for (w_ih, w_hh, *rest), m in zip(weights, masks)]
-    extras = _extras(cell, options, norms, masks)
+                   for (w_ih, w_hh, *rest), m in zip(weights, layer_masks)]
+    extras = _extras(cell, options, norms, layer_masks)
     if kernels.padded is not None and extras is None:
         result = _run_padded(cell, kernels, batch, states, weights, options)
         if result is not None:
@@ -153,7 +153,7 @@ def _between_layer_masks(batch: SequenceBatch, options: RunOptions) -> list[torc
         return None
     width, p = options.num_directions * options.output_size, options.dropout
     index = _sequence_index(batch)
-    return [draw("dropout", (batch.batch, width), 1 - p, batch.device).index_select(0, index)
+    return [masks.draw("dropout", (batch.batch, width), 1 - p, batch.device).index_select(0, index)
             for k in range(options.num_layers - 1)]
 
 

@@ -13,25 +13,16 @@ Options of the same two layers (never other classes), documented in docs/layers.
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
 
-from ..utils.checks import check_flag
+from ..utils.checks import check_choice, check_flag, check_number, check_probability
 
 DROPOUT_MODES = ("standard", "variational")
 RECURRENT_INITS = ("uniform", "orthogonal")
 #: The options whose defaults make the layer torch.nn's.
 TORCH_DEFAULTS = {"layer_norm": False, "zoneout": 0.0, "recurrent_dropout": 0.0, "weight_drop": 0.0,
                   "dropout_mode": "standard"}
-
-
-def check_probability(name: str, value) -> float:
-    """A real number in [0, 1); a ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-        raise ValueError(f"{name}: expected a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 def check_zoneout(value, lstm: bool) -> tuple[float, float]:
@@ -43,12 +34,6 @@ def check_zoneout(value, lstm: bool) -> tuple[float, float]:
         return check_probability("zoneout", value[0]), check_probability("zoneout", value[1])
     p = check_probability("zoneout", value)
     return (p, p) if lstm else (0.0, p)
-
-
-def check_choice(name: str, value, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
 
 
 def check_options(layer, *, layer_norm, zoneout, recurrent_dropout, dropout_mode, weight_drop, forget_bias,
@@ -68,9 +53,7 @@ def check_options(layer, *, layer_norm, zoneout, recurrent_dropout, dropout_mode
             raise ValueError(f"forget_bias: a GRU has no forget gate, got forget_bias={forget_bias!r}")
         if not layer.bias:
             raise ValueError(f"forget_bias: needs bias=True (the forget gate's bias), got forget_bias={forget_bias!r}")
-        if isinstance(forget_bias, bool) or not isinstance(forget_bias, numbers.Real):
-            raise ValueError(f"forget_bias: expected None or a number, got {forget_bias!r}")
-        forget_bias = float(forget_bias)
+        forget_bias = check_number("forget_bias", forget_bias)
     layer.forget_bias = forget_bias
 
 

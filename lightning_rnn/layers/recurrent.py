@@ -18,7 +18,6 @@ loads as is. torch.nn's other attributes and the conversions are in :mod:`.torch
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import ClassVar
 
@@ -30,7 +29,7 @@ from ..kernels import checkpointing, dispatch
 from ..kernels.batch import InputMismatchError, SequenceBatch
 from ..kernels.cell import CellSpec
 from ..kernels.run import RunOptions, run
-from ..utils.checks import check_flag, check_int
+from ..utils.checks import check_flag, check_int, check_probability
 from . import cell_options
 from .torch_compat import WEIGHT_KINDS, TorchRNNCompat
 
@@ -68,9 +67,7 @@ class FusedRNNBase(TorchRNNCompat, nn.Module):
         self.input_size = check_int("input_size", input_size, 1)
         self.hidden_size = check_int("hidden_size", hidden_size, 1)
         self.num_layers = check_int("num_layers", num_layers, 1)
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
-            raise ValueError(f"dropout: expected a float in [0, 1], got {dropout!r}")
-        self.dropout = float(dropout)
+        self.dropout = check_probability("dropout", dropout, include_one=True)
         if self.dropout and self.num_layers == 1:
             warnings.warn(
                 f"dropout={self.dropout} has no effect with num_layers=1: it applies between stacked layers "

@@ -17,7 +17,9 @@
 
 #include "rnn_autograd.h"
 #include "rnn_driver.h"
+#include "rnn_driver_options.h"
 #include "rnn_generate.h"
+#include "rnn_random.h"
 
 namespace lrnn {
 
@@ -94,6 +96,33 @@ inline int64_t grain_rows(int64_t row_elems) {
   return std::max<int64_t>(1, (int64_t(1) << 12) / std::max<int64_t>(1, row_elems));
 }
 
+// A row's columns for the cell options' passes (rnn_options.h): vectorized loops.
+struct CpuRowLoop {
+  template <class F>
+  void each(int64_t n, F&& f) const {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) f(j);
+  }
+  template <typename A, class F>
+  A sum(int64_t n, F&& f) const {
+    A total = A(0);
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; ++j) total += f(j);
+    return total;
+  }
+  template <typename A, class F, class G>
+  void sum2(int64_t n, F&& f, G&& g, A& total_f, A& total_g) const {
+    A a = A(0), b = A(0);
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t j = 0; j < n; ++j) {
+      a += f(j);
+      b += g(j);
+    }
+    total_f = a;
+    total_g = b;
+  }
+};
+
 struct CpuDev {
   static constexpr c10::DeviceType kDevice = c10::DeviceType::CPU;
   // The per-step h W_hh^T goes to a small buffer that stays in cache, and the pointwise
@@ -135,6 +164,110 @@ struct CpuDev {
     }
   }
 
+  // The cell options' row passes (rnn_options.h): rows in parallel, each row's columns in
+  // vectorized loops (CpuRowLoop).
+  template <class Opts, typename S, typename A>
+  static void options_forward(const OptFwdStep<S, A>& s) {
+    rows(s.n, 4 * s.H, [&](int64_t b) { Opts::forward(CpuRowLoop{}, s.row(b), s.H, s.P, s.p_c, s.p_h, s.project); });
+  }
+
+  template <typename S, typename A>
+  static void options_finish(A* h, S* out, S* h_c, A* scratch, const A* rscale, const uint8_t* keep_h, int64_t n,
+                             int64_t P, A p_h) {
+    rows(n, P, [&](int64_t b) {
+      finish_projected(CpuRowLoop{}, h + b * P, out + b * P, h_c + b * P, scratch + b * P,
+                       rscale ? rscale + b * P : nullptr, keep_h ? keep_h + b * P : nullptr, P, p_h);
+    });
+  }
+
+  template <bool kLstm, typename S, typename A>
+  static void options_scan(const OptScanArgs<S, A>& a, int64_t B) {
+    at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      FlushDenormals flushed;
+      for (int64_t b = b0; b < b1; ++b) lrnn::options_scan<kLstm>(CpuRowLoop{}, a, b);
+    });
+  }
+
+  template <typename S, typename A>
+  static void options_projected_scan(const OptScanArgs<S, A>& a, const S* htil, int64_t B) {
+    at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      FlushDenormals flushed;
+      for (int64_t b = b0; b < b1; ++b) projected_scan(CpuRowLoop{}, a, htil, b);
+    });
+  }
+
+  template <class Opts, typename S, typename A>
+  static void options_backward(const OptBwdStep<S, A>& s) {
+    rows(s.n, 4 * s.H, [&](int64_t b) { Opts::backward(CpuRowLoop{}, s.row(b), s.H, s.P, s.p_c, s.p_h, s.project); });
+  }
+
+  // The input side's layer norm over all tokens' rows (the temporal adapter's one call):
+  // v (N, F) in place; its backward into da (N, F) from dy (rows of stride ldy), a (N, F)
+  // overwritten with a_hat; and the norms' parameter gradients as column sums.
+  template <typename S, typename A>
+  static void norm_rows(at::Tensor& v, const at::Tensor& w, const at::Tensor& b) {
+    const int64_t F = v.size(1);
+    A* p = ptr<A>(v);
+    rows(v.size(0), F, [&](int64_t r) { norm_row(CpuRowLoop{}, p + r * F, ptr<A>(w), ptr<A>(b), F); });
+  }
+
+  template <typename S, typename A>
+  static at::Tensor norm_rows_backward(const at::Tensor& dy, at::Tensor& a, const at::Tensor& w) {
+    const int64_t N = a.size(0), F = a.size(1), ldy = dy.stride(0);
+    at::Tensor da = BufferPool::empty({N, F}, a.options().dtype(c10::CppTypeToScalarType<S>::value));
+    const A* d = ptr<A>(dy);
+    A* x = ptr<A>(a);
+    S* o = ptr<S>(da);
+    rows(N, F, [&](int64_t r) { norm_row_backward(CpuRowLoop{}, d + r * ldy, x + r * F, ptr<A>(w), o + r * F, F); });
+    return da;
+  }
+
+  // (sum over rows of dy * a_hat, sum of dy) for dy (N, F) rows of stride dy.stride(0) and
+  // a_hat = a (stats undefined) or (a - mean) * rstd with each row's [mean, rstd] in stats;
+  // summed in double, in blocks of columns (one thread each).
+  template <typename T, typename A>
+  static std::pair<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& dy, const at::Tensor& a,
+                                                            const at::Tensor& stats) {
+    const int64_t N = dy.size(0), F = dy.size(1), ldy = dy.stride(0), lda = a.stride(0);
+    at::Tensor dw = at::empty({F}, dy.options()), db = at::empty({F}, dy.options());
+    const A* d = ptr<A>(dy);
+    const T* x = ptr<T>(a);
+    const A* st = stats.defined() ? ptr<A>(stats) : nullptr;
+    A* ow = ptr<A>(dw);
+    A* ob = ptr<A>(db);
+    constexpr int64_t kCols = 64;
+    at::parallel_for(0, (F + kCols - 1) / kCols, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t k0 = c * kCols, width = std::min(kCols, F - k0);
+        double sw[kCols] = {}, sb[kCols] = {};
+        for (int64_t r = 0; r < N; ++r) {
+          const A* dr = d + r * ldy + k0;
+          const T* xr = x + r * lda + k0;
+          const A mean = st ? st[2 * r] : A(0), rstd = st ? st[2 * r + 1] : A(1);
+#pragma omp simd
+          for (int64_t k = 0; k < width; ++k) {
+            sw[k] += double(dr[k] * ((A(xr[k]) - mean) * rstd));
+            sb[k] += double(dr[k]);
+          }
+        }
+        for (int64_t k = 0; k < width; ++k) {
+          ow[k0 + k] = A(sw[k]);
+          ob[k0 + k] = A(sb[k]);
+        }
+      }
+    });
+    return {dw, db};
+  }
+
+  // row(b) for the rows [0, n) in parallel (chunks of grain_rows(row_elems) rows).
+  template <class Row>
+  static void rows(int64_t n, int64_t row_elems, Row row) {
+    at::parallel_for(0, n, grain_rows(row_elems), [&](int64_t b0, int64_t b1) {
+      FlushDenormals flushed;
+      for (int64_t b = b0; b < b1; ++b) row(b);
+    });
+  }
+
   // elem(row, H, j) for the rows [0, s.n) of a step (in parallel) and its H columns (vectorized).
   template <class Step, class Elem>
   static void for_rows(const Step& s, Elem elem) {
@@ -164,6 +297,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &Flushed<&rnn_forward<GruCell, CpuDev>>::call, "GRU forward of one layer-direction", nogil);
   m.def("gru_backward", &Flushed<&rnn_backward<GruCell, CpuDev>>::call, "GRU backward of one layer-direction", nogil);
   def_autograd_entry_points<CpuDev, CpuScope>(m);  // lstm/gru _apply, _stack, _padded
+  m.def("random_mask", &random_mask, "a bool tensor of numel elements, each true with probability p, from a seed",
+        nogil);
+  m.def("lstm_options_forward", &Flushed<&options_forward_entry<LstmCell, CpuDev>>::call,
+        "LSTM forward of one layer-direction with cell options", nogil);
+  m.def("lstm_options_backward", &Flushed<&options_backward_entry<LstmCell, CpuDev>>::call,
+        "LSTM backward of one layer-direction with cell options", nogil);
+  m.def("gru_options_forward", &Flushed<&options_forward_entry<GruCell, CpuDev>>::call,
+        "GRU forward of one layer-direction with cell options", nogil);
+  m.def("gru_options_backward", &Flushed<&options_backward_entry<GruCell, CpuDev>>::call,
+        "GRU backward of one layer-direction with cell options", nogil);
   // the bound's ATen calls dispatched as the layers' are (Flushed)
   m.def("lstm_gemm_bound", &Flushed<&gemm_bound<LstmCell>>::call, "the GEMMs of an LSTM fwd+bwd alone (benchmarks)",
         nogil);

@@ -28,6 +28,7 @@ from .. import differentiable, reference
 from ..backends import Backend
 from ..grad_sink import GradSink
 from ..precision import Precision, autocast_off, compute_input
+from .options import options_function
 
 _SUPPORTED = {
     (torch.float32, torch.float32),
@@ -162,12 +163,16 @@ def make_backend(name: str, devices: tuple[str, ...], get_ext: Callable[[], Modu
     """
     LSTMFunction = _cell_function("lstm", 2, get_ext)
     GRUFunction = _cell_function("gru", 1, get_ext)
+    LSTMOptions, GRUOptions = options_function("lstm", get_ext), options_function("gru", get_ext)
 
-    def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None):
+    def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None, extras=None):
         p = Precision.for_call(x, w_ih)
         if (p.compute, p.state) not in _SUPPORTED:
-            return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
+            return reference.lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr, extras=extras)
         x = compute_input(x, w_ih, p)
+        if extras is not None:
+            return LSTMOptions.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr,
+                                     *extras.lstm_inputs())
         graph = _graph(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
         if graph == _NODE:
             out = get_ext().lstm_apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, bool(reverse),
@@ -177,11 +182,13 @@ def make_backend(name: str, devices: tuple[str, ...], get_ext: Callable[[], Modu
             return LSTMFunction.apply(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr)
         return _run_forward(get_ext, "lstm", p, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse)[:3]
 
-    def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse):
+    def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, extras=None):
         p = Precision.for_call(x, w_ih)
         if (p.compute, p.state) not in _SUPPORTED:
-            return reference.gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse)
+            return reference.gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, extras=extras)
         x = compute_input(x, w_ih, p)
+        if extras is not None:
+            return GRUOptions.apply(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, *extras.gru_inputs())
         graph = _graph(x, h0, w_ih, w_hh, b_ih, b_hh)
         if graph == _NODE:
             out = get_ext().gru_apply(x, batch_sizes, h0, None, w_ih, w_hh, b_ih, b_hh, None, bool(reverse),
@@ -225,6 +232,7 @@ def make_backend(name: str, devices: tuple[str, ...], get_ext: Callable[[], Modu
     return Backend(
         name=name, devices=devices, load=get_ext, lstm=lstm, gru=gru, stack=stack, padded=padded,
         padded_dtypes=PADDED_DTYPES, weight_packs=weight_packs, functions=(LSTMFunction, GRUFunction),
+        cell_options=True,
     )
 
 

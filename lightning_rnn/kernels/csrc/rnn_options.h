@@ -1,0 +1,588 @@
+// The per-row math of the cell options (layer norm, zoneout, recurrent dropout) for one
+// step of one layer-direction, shared by the CPU and CUDA backends; the driver that runs
+// it is rnn_driver_options.h, the specification kernels/reference/{lstm,gru}.py.
+//
+// A row is one sequence of a step (b < n). Options need whole-row reductions (a layer
+// norm's mean and variance), so each function here takes the row as a whole and a row
+// loop `L` with operations over a row's columns: L::each(n, f) runs f(j) for every j < n
+// (the CPU: a vectorized loop; CUDA: the threads of the row's block, then a barrier),
+// L::sum(n, f) returns the sum of f(j) over j < n (to every thread), L::sum2(n, f, g) the
+// sums of f(j) and of g(j) in one pass. Every
+// option is decided outside the loops, which stay branch-free so that they vectorize:
+// a row is a few simple passes over scratch rows rather than one pass with conditions.
+// S = compute dtype (GEMM operands, saved gates, outputs), A = state dtype.
+//
+// Masks are bytes (1: keep the previous value, zoneout); a null mask with p > 0 is
+// evaluation, which mixes with the expectation p; p == 0 is the option off.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "rnn_math.h"
+
+namespace lrnn {
+
+constexpr double kNormEps = 1e-5;  // layer norm's epsilon (kernels/cell.py: NORM_EPS)
+
+// The row loops' lambdas inlined into their (vectorized) loops on the CPU: GCC leaves a
+// lambda as large as a cell's element math out of line otherwise, and the loop scalar.
+#if defined(__CUDACC__)
+#define RNN_ROW_LAMBDA
+#else
+#define RNN_ROW_LAMBDA __attribute__((always_inline))
+#endif
+
+// out = d * prev + (1 - d) * next over n columns: d the mask (training), its expectation
+// p (evaluation, no mask), or next itself (p == 0). out may be prev or next.
+template <class L, typename A>
+RNN_HD void zoneout_row(const L& loop, A* out, const A* prev, const A* next, const uint8_t* keep, A p, int64_t n) {
+  if (p == A(0)) {
+    if (out != next) loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = next[j]; });
+  } else if (keep) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = keep[j] ? prev[j] : next[j]; });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = next[j] + p * (prev[j] - next[j]); });
+  }
+}
+
+// Zoneout's backward over n columns: of the gradient d, the share of the previous value
+// goes to kept, the rest stays in d.
+template <class L, typename A>
+RNN_HD void zoneout_split(const L& loop, A* d, A* kept, const uint8_t* keep, A p, int64_t n) {
+  if (p == A(0)) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { kept[j] = A(0); });
+  } else if (keep) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A v = d[j];
+      kept[j] = keep[j] ? v : A(0);
+      d[j] = keep[j] ? A(0) : v;
+    });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A v = d[j];
+      kept[j] = p * v;
+      d[j] = v - p * v;
+    });
+  }
+}
+
+// The step output h (state dtype) as the output row and the next GEMM's input h * rscale.
+template <class L, typename S, typename A>
+RNN_HD void write_h(const L& loop, const A* h, S* out, S* h_c, const A* rscale, int64_t n) {
+  if (rscale) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      out[j] = S(h[j]);
+      h_c[j] = S(h[j] * rscale[j]);
+    });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = h_c[j] = S(h[j]); });
+  }
+}
+
+// [mean, 1 / sqrt(var + eps)] of v(j) over j < n (biased variance, two passes).
+template <class L, typename A, class V>
+RNN_HD void row_stats(const L& loop, int64_t n, V v, A* stats) {
+  const A mean = loop.template sum<A>(n, [&](int64_t j) RNN_ROW_LAMBDA { return A(v(j)); }) / A(n);
+  const A var = loop.template sum<A>(n, [&](int64_t j) RNN_ROW_LAMBDA {
+    const A d = A(v(j)) - mean;
+    return d * d;
+  }) / A(n);
+  stats[0] = mean;
+  stats[1] = A(1) / std::sqrt(var + A(kNormEps));
+}
+
+// ---- a layer norm over whole rows (the input side, all tokens at once) ------------------
+// v (F) in place: (v - mean) * rstd * w + b.
+template <class L, typename A>
+RNN_HD void norm_row(const L& loop, A* v, const A* w, const A* b, int64_t F) {
+  A stats[2];
+  row_stats(loop, F, [&](int64_t k) RNN_ROW_LAMBDA { return v[k]; }, stats);
+  const A mean = stats[0], rstd = stats[1];
+  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { v[k] = (v[k] - mean) * rstd * w[k] + b[k]; });
+}
+
+// The gradient of the norm's input a (F) from its output's dy (F): da = rstd (w dy -
+// mean(w dy) - a_hat mean(w dy a_hat)); a is overwritten with a_hat (for the parameters'
+// gradients).
+template <class L, typename A, typename O>
+RNN_HD void norm_row_backward(const L& loop, const A* dy, A* a, const A* w, O* da, int64_t F) {
+  A stats[2];
+  row_stats(loop, F, [&](int64_t k) RNN_ROW_LAMBDA { return a[k]; }, stats);
+  const A mean = stats[0], rstd = stats[1];
+  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { a[k] = (a[k] - mean) * rstd; });
+  A s1, s2;
+  loop.template sum2<A>(F, [&](int64_t k) RNN_ROW_LAMBDA { return dy[k] * w[k]; },
+                        [&](int64_t k) RNN_ROW_LAMBDA { return dy[k] * w[k] * a[k]; }, s1, s2);
+  s1 /= A(F);
+  s2 /= A(F);
+  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { da[k] = O(rstd * (dy[k] * w[k] - s1 - a[k] * s2)); });
+}
+
+// ---- forward ------------------------------------------------------------------------
+template <typename S, typename A>
+struct OptFwdRow {
+  const A* pre;      // (G*H) the input side: x W_ih^T, layer-normalized with layer norm
+  const S* hw;       // (G*H) hbar W_hh^T (saved as is with layer norm)
+  const A* bias;     // (G*H) folded bias (zeros without one)
+  const A* b_hn;     // (H) GRU
+  const A* norm_hw;  // (G*H) recurrent norm's gain, null without layer norm
+  const A* norm_hb;  // (G*H) ... bias
+  const A* norm_cw;  // (H) LSTM cell norm's gain
+  const A* norm_cb;  // (H) ... bias
+  A* stats_h;        // (2) recurrent norm's [mean, rstd] of this token
+  A* stats_c;        // (2) cell norm's
+  S* gates;          // (4H) saved gates
+  A* c;              // (H) LSTM cell state
+  A* h;              // (P) the state h in the state dtype
+  A* ctil;           // (H) scratch: ctilde
+  A* htil;           // (H) scratch: htilde before any projection
+  S* h_c;            // (P) next step's GEMM input: h * rscale
+  S* out;            // (P) output; with a projection (H) r = o * tanh(y), which the driver projects
+  const A* rscale;   // (P) recurrent dropout's keep / (1 - p), null without it
+  const uint8_t* keep_c;  // (H) zoneout masks of this token, null in evaluation
+  const uint8_t* keep_h;  // (P)
+};
+
+template <typename S, typename A>
+struct OptFwdStep {  // one time step, rows [0, n)
+  const A* pre; const S* hw; const A* bias; const A* b_hn;
+  const A* norm_hw; const A* norm_hb; const A* norm_cw; const A* norm_cb;
+  A* stats_h; A* stats_c; S* gates; A* c; A* h; A* ctil; A* htil; S* h_c; S* out;
+  const A* rscale; const uint8_t* keep_c; const uint8_t* keep_h;
+  A p_c, p_h;
+  bool project;
+  int64_t n, H, P, G;
+  RNN_HD OptFwdRow<S, A> row(int64_t b) const {
+    const int64_t GH = G * H, OUT = project ? H : P;
+    return {pre + b * GH, hw + b * GH, bias, b_hn, norm_hw, norm_hb, norm_cw, norm_cb,
+            stats_h ? stats_h + 2 * b : nullptr, stats_c ? stats_c + 2 * b : nullptr, gates + b * 4 * H,
+            c ? c + b * H : nullptr, h + b * P, ctil ? ctil + b * H : nullptr, htil + b * H, h_c + b * P,
+            out + b * OUT, rscale ? rscale + b * P : nullptr, keep_c ? keep_c + b * H : nullptr,
+            keep_h ? keep_h + b * P : nullptr};
+  }
+};
+
+// The recurrent side of the row's G*H gate columns: hw itself, or LN_hh(hw) with its
+// [mean, rstd] written to stats_h; calls gates(rec) with rec(k) the side's column k.
+template <class L, typename S, typename A, class Gates>
+RNN_HD void with_recurrent_side(const L& loop, const OptFwdRow<S, A>& r, int64_t G, Gates gates) {
+  if (r.norm_hw) {
+    row_stats(loop, G, [&](int64_t k) RNN_ROW_LAMBDA { return r.hw[k]; }, r.stats_h);
+    const A mean = r.stats_h[0], rstd = r.stats_h[1];
+    gates([&](int64_t k) RNN_ROW_LAMBDA -> A { return (A(r.hw[k]) - mean) * rstd * r.norm_hw[k] + r.norm_hb[k]; });
+  } else {
+    gates([&](int64_t k) RNN_ROW_LAMBDA -> A { return A(r.hw[k]); });
+  }
+}
+
+// ---- the backward's scan (forward order, per sequence) ----------------------------------
+template <typename S, typename A>
+struct OptScanArgs {
+  const S* gates;         // (N, 4H)
+  const A* h0;            // (B, P)
+  const A* c0;            // (B, H) LSTM
+  const A* stats_c;       // (N, 2) LSTM cell norm, null without layer norm
+  const A* norm_cw; const A* norm_cb;
+  const A* rscale;        // (B, P) or null
+  const uint8_t* keep_c;  // (N, H) or null
+  const uint8_t* keep_h;  // (N, P) or null
+  A p_c, p_h;
+  A* states;              // (N, H) LSTM: c_t;  GRU: h_{t-1}
+  S* h_prev_c;            // (N, P) hbar_{t-1} = h_{t-1} * rscale: dW_hh's rows (unless projected)
+  S* r;                   // (N, H) LSTM with a projection: r_t = o * tanh(y_t), for the driver
+  A* carry;               // (B, P) scratch: h of the token before
+  A* scratch;             // (B, H) scratch: ctilde, htilde
+  const int64_t* sizes; const int64_t* offsets;
+  int64_t T, H, P;
+  bool reverse, project;
+};
+
+// ---- backward step ----------------------------------------------------------------------
+template <typename S, typename A>
+struct OptBwdRow {
+  const S* gates;        // (4H)
+  const A* prev;         // (H) LSTM: c_{t-1};  GRU: h_{t-1} (the scan's states)
+  const A* stats_c;      // (2) LSTM cell norm
+  const A* stats_h;      // (2) recurrent norm
+  const S* a_h;          // (G*H) hbar W_hh^T saved
+  const A* norm_hw; const A* norm_cw; const A* norm_cb;
+  const S* d_out;        // (P) output gradient; with a projection (H) dr = dhtilde W_hr
+  const S* dh_in;        // (P) the previous backward step's dH W_hh (null: none for this row)
+  const A* rscale;       // (P) or null
+  const uint8_t* keep_c; const uint8_t* keep_h;
+  A* dh;                 // (P) carried dh (d h_n at first); with a projection unused (the driver's)
+  A* dc;                 // (H) LSTM carried dc
+  A* dG;                 // (4H) gate pre-activation gradients (GRU: [dr, dz, dhn, dn])
+  S* dH;                 // (HG) the recurrent side's gradient: dW_hh's rows and next step's GEMM input
+                         //      (null: dG's first HG columns are it, as they are without layer norm
+                         //      in one precision)
+  A* dy;                 // (H) LSTM: d(LN_c output) (kept per token with layer norm)
+  A* chat;               // (H) LSTM: the normalized ctilde (kept per token with layer norm)
+  A* d;                  // (max(H, P)) scratch: the gradient of htilde / ctilde
+};
+
+template <typename S, typename A>
+struct OptBwdStep {  // one time step, rows [0, n)
+  const S* gates; const A* prev; const A* c0; int64_t m_prev;  // prev rows valid for b < m_prev, else c0
+  const A* stats_c; const A* stats_h; const S* a_h;
+  const A* norm_hw; const A* norm_cw; const A* norm_cb;
+  const S* d_out; const S* dh_in; int64_t m_in;  // dh_in valid for b < m_in
+  const A* rscale; const uint8_t* keep_c; const uint8_t* keep_h;
+  A p_c, p_h;
+  A* dh; A* dc; A* dG; S* dH; A* dy; A* chat; A* d;
+  bool project;
+  int64_t n, H, P, G, HG;
+  RNN_HD OptBwdRow<S, A> row(int64_t b) const {
+    const int64_t DO = project ? H : P, W = H > P ? H : P;
+    return {gates + b * 4 * H, b < m_prev ? prev + b * H : c0 + b * H,
+            stats_c ? stats_c + 2 * b : nullptr, stats_h ? stats_h + 2 * b : nullptr,
+            a_h ? a_h + b * G * H : nullptr, norm_hw, norm_cw, norm_cb, d_out + b * DO,
+            dh_in && b < m_in ? dh_in + b * P : nullptr, rscale ? rscale + b * P : nullptr,
+            keep_c ? keep_c + b * H : nullptr, keep_h ? keep_h + b * P : nullptr, dh ? dh + b * P : nullptr,
+            dc ? dc + b * H : nullptr, dG + b * 4 * H, dH ? dH + b * HG : nullptr, dy ? dy + b * H : nullptr,
+            chat ? chat + b * H : nullptr, d + b * W};
+  }
+};
+
+// d = dh + dh_in * rscale + d_out over n columns (dh_in, rscale optional).
+template <class L, typename S, typename A>
+RNN_HD void total_grad(const L& loop, A* d, const A* dh, const S* dh_in, const A* rscale, const S* d_out, int64_t n) {
+  if (dh_in && rscale) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(dh_in[j]) * rscale[j] + A(d_out[j]); });
+  } else if (dh_in) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(dh_in[j]) + A(d_out[j]); });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(d_out[j]); });
+  }
+}
+
+// The recurrent norm's backward over the HG columns of the row's dG that feed W_hh
+// (dG columns k < HG in both cells' layouts): dH = rstd * (w dG - mean(w dG) - a_hat
+// mean(w dG a_hat)); without layer norm dH = dG.
+template <class L, typename S, typename A>
+RNN_HD void recurrent_norm_backward(const L& loop, const OptBwdRow<S, A>& r, int64_t HG) {
+  if (!r.norm_hw) {
+    loop.each(HG, [&](int64_t k) RNN_ROW_LAMBDA { r.dH[k] = S(r.dG[k]); });
+    return;
+  }
+  const A mean = r.stats_h[0], rstd = r.stats_h[1];
+  const auto a_hat = [&](int64_t k) RNN_ROW_LAMBDA { return (A(r.a_h[k]) - mean) * rstd; };
+  A s1, s2;
+  loop.template sum2<A>(HG, [&](int64_t k) RNN_ROW_LAMBDA { return r.dG[k] * r.norm_hw[k]; },
+                        [&](int64_t k) RNN_ROW_LAMBDA { return r.dG[k] * r.norm_hw[k] * a_hat(k); }, s1, s2);
+  s1 /= A(HG);
+  s2 /= A(HG);
+  loop.each(HG, [&](int64_t k) RNN_ROW_LAMBDA { r.dH[k] = S(rstd * (r.dG[k] * r.norm_hw[k] - s1 - a_hat(k) * s2)); });
+}
+
+// Zoneout's split of a gradient v into (kept, rest) in mode M: 0 off (all rest), 1 mask,
+// 2 expectation p. Modes are picked outside the loops (with_zoneout_mode).
+template <int M, typename A>
+RNN_HD A zoneout_kept_share(A v, const uint8_t* keep, int64_t j, A p) {
+  if constexpr (M == 0) return A(0);
+  if constexpr (M == 1) return keep[j] ? v : A(0);
+  return p * v;
+}
+
+template <int M>
+struct ZoneoutMode {
+  static constexpr int value = M;
+};
+
+template <typename A, class F>
+RNN_HD void with_zoneout_mode(const uint8_t* keep, A p, F f) {
+  if (p == A(0)) {
+    f(ZoneoutMode<0>{});
+  } else if (keep) {
+    f(ZoneoutMode<1>{});
+  } else {
+    f(ZoneoutMode<2>{});
+  }
+}
+
+// htilde's value v(j) into where it goes: the projection's input r (out), the scratch
+// htil (zoneout on h follows), or straight into h, the output and the next GEMM's input.
+template <class L, typename S, typename A, class V>
+RNN_HD void store_htilde(const L& loop, const OptFwdRow<S, A>& r, int64_t n, bool project, A p_h, V v) {
+  if (project) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { r.out[j] = S(v(j)); });
+  } else if (p_h != A(0)) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { r.htil[j] = v(j); });
+  } else if (r.rscale) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A h = v(j);
+      r.h[j] = h;
+      r.out[j] = S(h);
+      r.h_c[j] = S(h * r.rscale[j]);
+    });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A h = v(j);
+      r.h[j] = h;
+      r.out[j] = r.h_c[j] = S(h);
+    });
+  }
+}
+
+// dh_t = carry + dh_in * rscale + d_out into d, and zoneout's kept share of it into the
+// carry dh (zero without zoneout on h), over n columns.
+template <class L, typename S, typename A>
+RNN_HD void hidden_grad(const L& loop, A* d, A* dh, const S* dh_in, const A* rscale, const S* d_out,
+                        const uint8_t* keep_h, A p_h, int64_t n) {
+  if (p_h == A(0) && dh_in && !rscale) {  // the common case in one pass
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+      d[j] = dh[j] + A(dh_in[j]) + A(d_out[j]);
+      dh[j] = A(0);
+    });
+    return;
+  }
+  total_grad(loop, d, dh, dh_in, rscale, d_out, n);
+  zoneout_split(loop, d, dh, keep_h, p_h, n);
+}
+
+struct LstmOptions {
+  // Forward of one row: gates, ctilde, the cell norm, zoneout, the outputs (see OptFwdRow).
+  template <class L, typename S, typename A>
+  RNN_HD static void forward(const L& loop, const OptFwdRow<S, A>& r, int64_t H, int64_t P, A p_c, A p_h,
+                             bool project) {
+    A* ct = p_c == A(0) ? r.c : r.ctil;  // ctilde, which is c_t itself without zoneout on c
+    with_recurrent_side(loop, r, 4 * H, [&](auto rec) RNN_ROW_LAMBDA {
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+        const A i = sigmoid(r.pre[j] + rec(j) + r.bias[j]);
+        const A f = sigmoid(r.pre[H + j] + rec(H + j) + r.bias[H + j]);
+        const A g = tanh_act(r.pre[2 * H + j] + rec(2 * H + j) + r.bias[2 * H + j]);
+        const A o = sigmoid(r.pre[3 * H + j] + rec(3 * H + j) + r.bias[3 * H + j]);
+        r.gates[j] = S(i);
+        r.gates[H + j] = S(f);
+        r.gates[2 * H + j] = S(g);
+        r.gates[3 * H + j] = S(o);
+        ct[j] = f * r.c[j] + i * g;
+      });
+    });
+    if (r.norm_cw) {
+      row_stats(loop, H, [&](int64_t j) RNN_ROW_LAMBDA { return ct[j]; }, r.stats_c);
+      const A mean = r.stats_c[0], rstd = r.stats_c[1];
+      store_htilde(loop, r, H, project, p_h, [&](int64_t j) RNN_ROW_LAMBDA {
+        return A(r.gates[3 * H + j]) * tanh_act((ct[j] - mean) * rstd * r.norm_cw[j] + r.norm_cb[j]);
+      });
+    } else {
+      store_htilde(loop, r, H, project, p_h,
+                   [&](int64_t j) RNN_ROW_LAMBDA { return A(r.gates[3 * H + j]) * tanh_act(ct[j]); });
+    }
+    if (p_c != A(0)) zoneout_row(loop, r.c, r.c, r.ctil, r.keep_c, p_c, H);
+    if (!project && p_h != A(0)) {
+      zoneout_row(loop, r.h, r.h, r.htil, r.keep_h, p_h, P);
+      write_h(loop, r.h, r.out, r.h_c, r.rscale, P);
+    }
+  }
+
+  // Backward of one row (see OptBwdRow); the recurrent norm's part last.
+  template <class L, typename S, typename A>
+  RNN_HD static void backward(const L& loop, const OptBwdRow<S, A>& r, int64_t H, int64_t P, A p_c, A p_h,
+                              bool project) {
+    A* d = r.d;  // (H): d htilde, i.e. d(o * tanh(y)) before any projection
+    if (project) {  // the driver's dr = dhtilde W_hr
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = A(r.d_out[j]); });
+    } else {
+      hidden_grad(loop, d, r.dh, r.dh_in, r.rscale, r.d_out, r.keep_h, p_h, P);
+    }
+    if (r.norm_cw) {  // d ctilde through the cell norm, into d
+      const A mean = r.stats_c[0], rstd = r.stats_c[1];
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+        const A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]), o = A(r.gates[3 * H + j]);
+        const A chat = (f * r.prev[j] + i * g - mean) * rstd;
+        const A ty = tanh_act(chat * r.norm_cw[j] + r.norm_cb[j]);
+        r.dG[3 * H + j] = d[j] * ty * sigmoid_grad(o);
+        r.dy[j] = d[j] * o * tanh_grad(ty);
+        r.chat[j] = chat;
+      });
+      A s1, s2;
+      loop.template sum2<A>(H, [&](int64_t j) RNN_ROW_LAMBDA { return r.dy[j] * r.norm_cw[j]; },
+                            [&](int64_t j) RNN_ROW_LAMBDA { return r.dy[j] * r.norm_cw[j] * r.chat[j]; }, s1, s2);
+      s1 /= A(H);
+      s2 /= A(H);
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = rstd * (r.dy[j] * r.norm_cw[j] - s1 - r.chat[j] * s2); });
+      with_zoneout_mode(r.keep_c, p_c, [&](auto mode) RNN_ROW_LAMBDA {
+        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+          const A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]);
+          const A dc = r.dc[j];
+          const A kept = zoneout_kept_share<decltype(mode)::value>(dc, r.keep_c, j, p_c);
+          const A dct = d[j] + dc - kept;
+          r.dG[j] = dct * g * sigmoid_grad(i);
+          r.dG[H + j] = dct * r.prev[j] * sigmoid_grad(f);
+          r.dG[2 * H + j] = dct * i * tanh_grad(g);
+          r.dc[j] = dct * f + kept;
+        });
+      });
+    } else {  // ctilde = c's pre-zoneout value; one pass for the gates' gradients
+      with_zoneout_mode(r.keep_c, p_c, [&](auto mode) RNN_ROW_LAMBDA {
+        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+          const A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]), o = A(r.gates[3 * H + j]);
+          const A ty = tanh_act(f * r.prev[j] + i * g);
+          const A dj = d[j];
+          const A dc = r.dc[j];
+          const A kept = zoneout_kept_share<decltype(mode)::value>(dc, r.keep_c, j, p_c);
+          const A dct = dj * o * tanh_grad(ty) + dc - kept;
+          r.dG[j] = dct * g * sigmoid_grad(i);
+          r.dG[H + j] = dct * r.prev[j] * sigmoid_grad(f);
+          r.dG[2 * H + j] = dct * i * tanh_grad(g);
+          r.dG[3 * H + j] = dj * ty * sigmoid_grad(o);
+          r.dc[j] = dct * f + kept;
+        });
+      });
+    }
+    if (r.dH) recurrent_norm_backward(loop, r, 4 * H);
+  }
+};
+
+struct GruOptions {
+  template <class L, typename S, typename A>
+  RNN_HD static void forward(const L& loop, const OptFwdRow<S, A>& r, int64_t H, int64_t P, A p_c, A p_h,
+                             bool project) {
+    A* ht = p_h == A(0) ? r.h : r.htil;  // htilde, which is h_t itself without zoneout
+    with_recurrent_side(loop, r, 3 * H, [&](auto rec) RNN_ROW_LAMBDA {
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+        const A rg = sigmoid(r.pre[j] + rec(j) + r.bias[j]);
+        const A z = sigmoid(r.pre[H + j] + rec(H + j) + r.bias[H + j]);
+        const A hn = rec(2 * H + j) + r.b_hn[j];
+        const A n = tanh_act(r.pre[2 * H + j] + r.bias[2 * H + j] + rg * hn);
+        r.gates[j] = S(rg);
+        r.gates[H + j] = S(z);
+        r.gates[2 * H + j] = S(n);
+        r.gates[3 * H + j] = S(hn);
+        ht[j] = n + z * (r.h[j] - n);
+      });
+    });
+    if (p_h != A(0)) zoneout_row(loop, r.h, r.h, r.htil, r.keep_h, p_h, H);
+    write_h(loop, r.h, r.out, r.h_c, r.rscale, H);
+  }
+
+  template <class L, typename S, typename A>
+  RNN_HD static void backward(const L& loop, const OptBwdRow<S, A>& r, int64_t H, int64_t P, A p_c, A p_h,
+                              bool project) {
+    A* d = r.d;  // (H) d htilde; r.dh keeps zoneout's share for h_{t-1}
+    hidden_grad(loop, d, r.dh, r.dh_in, r.rscale, r.d_out, r.keep_h, p_h, H);
+    loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A rg = A(r.gates[j]), z = A(r.gates[H + j]), n = A(r.gates[2 * H + j]), hn = A(r.gates[3 * H + j]);
+      const A dht = d[j];
+      const A dn = dht * (A(1) - z) * tanh_grad(n);
+      r.dG[j] = dn * hn * sigmoid_grad(rg);
+      r.dG[H + j] = dht * (r.prev[j] - n) * sigmoid_grad(z);
+      r.dG[2 * H + j] = dn * rg;  // d(ah_n + b_hn)
+      r.dG[3 * H + j] = dn;
+      r.dh[j] += dht * z;
+    });
+    if (r.dH) recurrent_norm_backward(loop, r, 3 * H);
+  }
+};
+
+// With a projection, after the step's h~ = r W_hr^T (written into out (P)): zoneout on
+// h, the state h and the next step's GEMM input.
+template <class L, typename S, typename A>
+RNN_HD void finish_projected(const L& loop, A* h, S* out, S* h_c, A* scratch, const A* rscale,
+                             const uint8_t* keep_h, int64_t P, A p_h) {
+  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { scratch[j] = A(out[j]); });
+  zoneout_row(loop, h, h, scratch, keep_h, p_h, P);
+  write_h(loop, h, out, h_c, rscale, P);
+}
+
+// hbar_{t-1} = h_{t-1} * rscale, dW_hh's row of a token.
+template <class L, typename S, typename A>
+RNN_HD void write_h_prev(const L& loop, S* h_prev_c, const A* h, const A* rscale, int64_t n) {
+  if (rscale) {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { h_prev_c[j] = S(h[j] * rscale[j]); });
+  } else {
+    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { h_prev_c[j] = S(h[j]); });
+  }
+}
+
+// The backward's scan of sequence b in forward order: the LSTM's zoned-out c_t (states)
+// and, unless projected, hbar_{t-1} (h_prev_c) through zoneout on h; with a projection r_t
+// for the driver. The GRU's h_{t-1} (states) and hbar_{t-1}.
+template <bool kLstm, class L, typename S, typename A>
+RNN_HD void options_scan(const L& loop, const OptScanArgs<S, A>& a, int64_t b) {
+  const int64_t H = a.H, P = a.P;
+  A* carry = a.carry + b * P;  // h_{t-1}
+  A* tilde = a.scratch + b * H;
+  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * P + j]; });
+  const A* c_prev = kLstm ? a.c0 + b * H : nullptr;
+  const A* rs = a.rscale ? a.rscale + b * P : nullptr;
+  for (int64_t k = 0; k < a.T; ++k) {
+    const int64_t t = a.reverse ? a.T - 1 - k : k;
+    if (b >= a.sizes[t]) continue;
+    const int64_t tok = a.offsets[t] + b;
+    const S* g = a.gates + tok * 4 * H;
+    A* state = a.states + tok * H;
+    if constexpr (kLstm) {
+      if (!a.project && a.p_c == A(0) && a.p_h == A(0) && !rs) {  // one pass
+        S* hp = a.h_prev_c + tok * P;
+        if (a.stats_c) {
+          const A mean = a.stats_c[2 * tok], rstd = a.stats_c[2 * tok + 1];
+          loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+            hp[j] = S(carry[j]);
+            const A ct = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]);
+            state[j] = ct;
+            carry[j] = A(g[3 * H + j]) * tanh_act((ct - mean) * rstd * a.norm_cw[j] + a.norm_cb[j]);
+          });
+        } else {
+          loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+            hp[j] = S(carry[j]);
+            const A ct = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]);
+            state[j] = ct;
+            carry[j] = A(g[3 * H + j]) * tanh_act(ct);
+          });
+        }
+        c_prev = state;
+        continue;
+      }
+    }
+    if (!(kLstm && a.project)) write_h_prev(loop, a.h_prev_c + tok * P, carry, rs, P);
+    if constexpr (kLstm) {
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { tilde[j] = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]); });
+      zoneout_row(loop, state, c_prev, tilde, a.keep_c ? a.keep_c + tok * H : nullptr, a.p_c, H);
+      if (a.stats_c) {
+        const A mean = a.stats_c[2 * tok], rstd = a.stats_c[2 * tok + 1];
+        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+          tilde[j] = A(g[3 * H + j]) * tanh_act((tilde[j] - mean) * rstd * a.norm_cw[j] + a.norm_cb[j]);
+        });
+      } else {
+        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { tilde[j] = A(g[3 * H + j]) * tanh_act(tilde[j]); });
+      }
+      if (a.project) {
+        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { a.r[tok * H + j] = S(tilde[j]); });
+      } else {
+        zoneout_row(loop, carry, carry, tilde, a.keep_h ? a.keep_h + tok * P : nullptr, a.p_h, P);
+      }
+      c_prev = state;
+    } else {
+      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+        const A z = A(g[H + j]), n = A(g[2 * H + j]), hp = carry[j];
+        state[j] = hp;
+        tilde[j] = n + z * (hp - n);
+      });
+      zoneout_row(loop, carry, carry, tilde, a.keep_h ? a.keep_h + tok * H : nullptr, a.p_h, H);
+    }
+  }
+}
+
+// The projected LSTM's hbar_{t-1} (h_prev_c) of sequence b from h~_t = r_t W_hr^T (htil,
+// (N, P)) through zoneout on h, in forward order.
+template <class L, typename S, typename A>
+RNN_HD void projected_scan(const L& loop, const OptScanArgs<S, A>& a, const S* htil, int64_t b) {
+  const int64_t P = a.P;
+  A* carry = a.carry + b * P;
+  A* next = a.scratch + b * a.H;  // (P <= H columns)
+  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * P + j]; });
+  const A* rs = a.rscale ? a.rscale + b * P : nullptr;
+  for (int64_t k = 0; k < a.T; ++k) {
+    const int64_t t = a.reverse ? a.T - 1 - k : k;
+    if (b >= a.sizes[t]) continue;
+    const int64_t tok = a.offsets[t] + b;
+    write_h_prev(loop, a.h_prev_c + tok * P, carry, rs, P);
+    loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { next[j] = A(htil[tok * P + j]); });
+    zoneout_row(loop, carry, carry, next, a.keep_h ? a.keep_h + tok * P : nullptr, a.p_h, P);
+  }
+}
+
+}  // namespace lrnn
