@@ -29,9 +29,11 @@ from .steps import Steps
 
 def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None, norm_ih_weight=None,
          norm_ih_bias=None, norm_hh_weight=None, norm_hh_bias=None, norm_c_weight=None, norm_c_bias=None,
-         recurrent_keep=None, recurrent_p=0.0, zoneout_c=0.0, zoneout_h=0.0, keep_c=None, keep_h=None):
+         recurrent_keep=None, recurrent_p=0.0, zoneout_c=0.0, zoneout_h=0.0, keep_c=None, keep_h=None,
+         weight_keep=None, weight_p=0.0):
     """``(out (N, P), h_n (B, P), c_n (B, H))``, as the reference LSTMFunction, options included."""
     steps = Steps.from_batch_sizes(batch_sizes, reverse)
+    w_hh = _dropped(w_hh, weight_keep, weight_p)
     norm = norm_ih_weight is not None
     if norm:
         a_x = _norm(F.linear(x, w_ih), norm_ih_weight, norm_ih_bias)
@@ -62,9 +64,11 @@ def lstm(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None, nor
 
 
 def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, norm_ih_weight=None, norm_ih_bias=None,
-        norm_hh_weight=None, norm_hh_bias=None, recurrent_keep=None, recurrent_p=0.0, zoneout_h=0.0, keep_h=None):
+        norm_hh_weight=None, norm_hh_bias=None, recurrent_keep=None, recurrent_p=0.0, zoneout_h=0.0, keep_h=None,
+        weight_keep=None, weight_p=0.0):
     """``(out (N, H), h_n (B, H))``, as the reference GRUFunction (torch.nn's GRU math), options included."""
     steps = Steps.from_batch_sizes(batch_sizes, reverse)
+    w_hh = _dropped(w_hh, weight_keep, weight_p)
     norm = norm_ih_weight is not None
     if norm:
         a_x = _norm(F.linear(x, w_ih), norm_ih_weight, norm_ih_bias)
@@ -94,6 +98,10 @@ def gru(x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, norm_ih_weight=None
 
 def _norm(a, weight, bias):
     return F.layer_norm(a, (a.shape[-1],), weight, bias, eps=NORM_EPS)
+
+
+def _dropped(w, keep, p: float):
+    return w if keep is None else w * keep.to(w.dtype) / (1 - p)
 
 
 def _recurrent_scale(keep, p: float, dtype):

@@ -77,11 +77,6 @@ def draw_layer_masks(num_layer_directions: int, weight_shape, num_sequences: int
     return masks
 
 
-def drop_weight(w: torch.Tensor, keep: torch.Tensor | None, p: float) -> torch.Tensor:
-    """DropConnect: ``w * keep / (1 - p)`` (autograd carries the gradient to the raw ``w``)."""
-    return w if keep is None else w * keep.to(w.dtype) / (1 - p)
-
-
 def dropout_keep(shape, dtype: torch.dtype, device: torch.device, p: float) -> torch.Tensor:
     """Bool keep-mask, drawn as F.dropout draws its noise on CPU (the same RNG stream), so a
     layer with inter-layer dropout matches torch.nn's under the same seed."""

@@ -32,7 +32,7 @@ from . import checkpointing, dispatch, masks, precision
 from .backends import Backend
 from .batch import SequenceBatch
 from .cell import CellExtras, CellSpec
-from .masks import draw_layer_masks, drop_weight, dropout, dropout_keep
+from .masks import draw_layer_masks, dropout, dropout_keep
 from .precision import compute_input
 
 WEIGHTS_PER_LAYER = 5  # (w_ih, w_hh, b_ih, b_hh, w_hr) per layer-direction, None where absent
@@ -85,9 +85,6 @@ def run(cell: CellSpec, backend: str, batch: SequenceBatch, states: list[torch.T
         _check_torch_serves(backend, batch, options, norms is not None)
         return _run_torch(cell, batch, _states_or_zeros(cell, batch, states, options), weights, options)
     layer_masks = _draw_masks(cell, batch, weights, options)
-    if options.weight_drop and options.training:
-        weights = [(w_ih, drop_weight(w_hh, m.weight_keep, options.weight_drop), *rest)
-                   for (w_ih, w_hh, *rest), m in zip(weights, layer_masks)]
     extras = _extras(cell, options, norms, layer_masks)
     if kernels.padded is not None and extras is None:
         result = _run_padded(cell, kernels, batch, states, weights, options)
@@ -134,7 +131,8 @@ def _extras(cell: CellSpec, options: RunOptions, norms, masks) -> list[CellExtra
     """Per layer-direction what the kernels need beyond torch.nn's cell, or None if nothing."""
     zoneout = options.zoneout if cell.num_states == 2 else (0.0, options.zoneout[1])
     recurrent = options.recurrent_dropout if options.training else 0.0
-    if norms is None and not any(zoneout) and not recurrent:
+    weight_p = options.weight_drop if options.training else 0.0
+    if norms is None and not any(zoneout) and not recurrent and not weight_p:
         return None
     extras = []
     for k, m in enumerate(masks):
@@ -142,6 +140,7 @@ def _extras(cell: CellSpec, options: RunOptions, norms, masks) -> list[CellExtra
             norm=() if norms is None else tuple(norms[k]),
             recurrent_keep=None if m is None else m.recurrent_keep, recurrent_p=recurrent,
             zoneout=zoneout, keep_c=None if m is None else m.keep_c, keep_h=None if m is None else m.keep_h,
+            weight_keep=None if m is None else m.weight_keep, weight_p=weight_p,
         ))
     return extras
 
@@ -260,7 +259,7 @@ def _plan_sequences(layers) -> list:
 
 
 def _plan_whole(layers) -> list:
-    return [t for plan in layers for t in (*plan.weights, *(plan.extras.norm if plan.extras is not None else ()))]
+    return [t for plan in layers for t in (*plan.weights, *(plan.extras.whole_tensors() if plan.extras is not None else ()))]
 
 
 def _run_stack_in_chunks(cell, kernels: Backend, batch, states, weights, extras, between, options: RunOptions,
@@ -311,7 +310,7 @@ def _run_span(run_cell, num_states: int, p: float, reverse: bool, layers: Sequen
         if extra is not None:
             extra = extra.with_tensors([next(rest) for _ in extra.row_tensors()],
                                        [next(sequences) for _ in extra.sequence_tensors()],
-                                       tuple(next(whole) for _ in extra.norm))
+                                       [next(whole) for _ in extra.whole_tensors()])
         layer_states = states[k * num_states : (k + 1) * num_states]
         x, *final = call_cell(run_cell, x, batch_sizes, layer_states, layer_weights, reverse, extra)
         finals.extend(final)

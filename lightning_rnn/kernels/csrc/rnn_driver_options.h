@@ -2,6 +2,9 @@
 // recurrent dropout): the same structure as rnn_driver.h, the per-row math of
 // rnn_options.h, and the semantics and saved tensors of kernels/reference/{lstm,gru}.py.
 //
+// Weight drop: W_hh * keep / (1 - p) is made once per call (and again in backward) from
+// the raw weight and its bool mask, which is all that is saved; dW_hh goes through the mask.
+//
 // Forward: pre = x W_ih^T for all tokens (one GEMM; layer-normalized over its rows in one
 // batched pass); per step hw = hbar W_hh^T (one GEMM; with layer norm written straight into
 // the saved a_h rows) and one row pass (Opts::forward); with a projection, r W_hr^T and a
@@ -44,8 +47,8 @@ const T* ptr_or_null(const OptTensor& t) {
 // the GRU, 6 for the LSTM (and c w, b), or none).
 struct CallOptions {
   std::vector<OptTensor> norm;
-  OptTensor rec_keep, keep_c, keep_h;
-  double rec_p = 0, p_c = 0, p_h = 0;
+  OptTensor rec_keep, keep_c, keep_h, weight_keep;
+  double rec_p = 0, p_c = 0, p_h = 0, weight_p = 0;
 
   bool layer_norm() const { return !norm.empty() && norm[0].has_value(); }
 
@@ -68,10 +71,18 @@ struct CallOptions {
     mask(rec_keep, "recurrent_keep", {z.B, z.P});
     mask(keep_c, "keep_c", {z.N, z.H});
     mask(keep_h, "keep_h", {z.N, z.P});
+    mask(weight_keep, "weight_keep", {(lstm ? 4 : 3) * z.H, z.P});
+    TORCH_CHECK(weight_p >= 0 && weight_p < 1, "weight_p: expected a value in [0, 1)");
     TORCH_CHECK(rec_p >= 0 && rec_p < 1 && p_c >= 0 && p_c < 1 && p_h >= 0 && p_h < 1,
                 "probabilities: expected values in [0, 1)");
     TORCH_CHECK(!rec_keep || rec_p > 0, "recurrent_keep: given with recurrent_p = 0");
     TORCH_CHECK(lstm || !keep_c, "keep_c: a GRU has no cell state");
+  }
+
+  // W_hh with weight drop applied (w * keep / (1 - p)), in the compute dtype
+  at::Tensor recurrent_weight(const at::Tensor& w_hh, at::ScalarType compute) const {
+    if (!weight_keep) return w_hh.to(compute).contiguous();
+    return (w_hh * weight_keep->to(w_hh.scalar_type()) / (1 - weight_p)).to(compute).contiguous();
   }
 
   // (B, P) keep / (1 - p) in the state dtype, or undefined
@@ -103,7 +114,7 @@ std::vector<at::Tensor> options_forward(const at::Tensor& x, const at::Tensor& b
   at::Tensor pre = proj_gemm_pooled(x_c, w_ih.to(compute)).to(state).contiguous();  // (N, G*H)
   at::Tensor bias, b_hn;
   std::tie(bias, b_hn) = Layout<Cell>::fold_bias(b_ih, b_hh, H, sopt);
-  const at::Tensor w_hh_c = w_hh.to(compute);
+  const at::Tensor w_hh_c = o.recurrent_weight(w_hh, compute);
   std::vector<at::Tensor> norm_s;  // the norm parameters in the state dtype
   for (const OptTensor& t : o.norm) norm_s.push_back(t ? t->to(state).contiguous() : at::Tensor());
   const at::Tensor rscale = o.rscale(sopt);
@@ -189,7 +200,7 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
 
   const at::Tensor gates_c = gates.contiguous();
   const at::Tensor d_out_c = d_out.to(compute).contiguous();
-  const at::Tensor w_hh_c = w_hh.to(compute).contiguous();
+  const at::Tensor w_hh_c = o.recurrent_weight(w_hh, compute);
   const at::Tensor w_hr_c = proj ? w_hr->to(compute).contiguous() : at::Tensor();
   const at::Tensor h0_s = h0.to(state).contiguous();
   const at::Tensor c0_s = kLstm ? c0->to(state).contiguous() : at::Tensor();
@@ -318,7 +329,11 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
   });
   if (needs[0]) grads[0] = input_grad_gemm(dAx_c, w_ih_c, w_ih);
   if (needs[3]) grads[3] = wgrad_gemm(dAx_c, x_c).to(w_ih.scalar_type());
-  if (needs[4]) grads[4] = wgrad_gemm(dH, h_prev_c).to(w_hh.scalar_type());
+  if (needs[4]) {  // the dropped weight's gradient, through the mask to the raw W_hh
+    at::Tensor dw = wgrad_gemm(dH, h_prev_c);
+    if (o.weight_keep) dw = dw * o.weight_keep->to(dw.scalar_type()) / (1 - o.weight_p);
+    grads[4] = dw.to(w_hh.scalar_type());
+  }
   if (needs[5] && bias_dtype) {
     if (kLstm) {
       grads[5] = grads[6] = dG.sum(0).to(*bias_dtype);
@@ -340,8 +355,9 @@ std::vector<at::Tensor> options_forward_entry(const at::Tensor& x, const at::Ten
                                               const OptTensor& w_hr, bool reverse, at::ScalarType compute,
                                               at::ScalarType state, const std::vector<OptTensor>& norm,
                                               const OptTensor& rec_keep, double rec_p, double p_c, double p_h,
-                                              const OptTensor& keep_c, const OptTensor& keep_h) {
-  const CallOptions o{norm, rec_keep, keep_c, keep_h, rec_p, p_c, p_h};
+                                              const OptTensor& keep_c, const OptTensor& keep_h,
+                                              const OptTensor& weight_keep, double weight_p) {
+  const CallOptions o{norm, rec_keep, keep_c, keep_h, weight_keep, rec_p, p_c, p_h, weight_p};
   return options_forward<Cell, Dev>(x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse, compute, state, o);
 }
 
@@ -352,8 +368,9 @@ std::vector<at::Tensor> options_backward_entry(
     const OptTensor& d_cn, const at::Tensor& batch_sizes, bool reverse, std::vector<bool> needs,
     at::ScalarType state, c10::optional<at::ScalarType> bias_dtype, const std::vector<OptTensor>& norm,
     const OptTensor& rec_keep, double rec_p, double p_c, double p_h, const OptTensor& keep_c, const OptTensor& keep_h,
-    const OptTensor& a_h, const OptTensor& stats_h, const OptTensor& stats_c) {
-  const CallOptions o{norm, rec_keep, keep_c, keep_h, rec_p, p_c, p_h};
+    const OptTensor& weight_keep, double weight_p, const OptTensor& a_h, const OptTensor& stats_h,
+    const OptTensor& stats_c) {
+  const CallOptions o{norm, rec_keep, keep_c, keep_h, weight_keep, rec_p, p_c, p_h, weight_p};
   return options_backward<Cell, Dev>(x_c, gates, h0, c0, w_ih, w_hh, w_hr, d_out, d_hn, d_cn, batch_sizes, reverse,
                                      std::move(needs), state, bias_dtype, o, a_h, stats_h, stats_c);
 }

@@ -22,7 +22,7 @@ from . import ops
 
 #: The Function's inputs after ``reverse``, in order (see :func:`lightning_rnn.kernels.reference.gru`).
 OPTION_INPUTS = ("norm_ih_weight", "norm_ih_bias", "norm_hh_weight", "norm_hh_bias", "recurrent_keep",
-                 "recurrent_p", "zoneout_h", "keep_h")
+                 "recurrent_p", "zoneout_h", "keep_h", "weight_keep", "weight_p")
 
 
 class GRUFunction(torch.autograd.Function):
@@ -31,13 +31,14 @@ class GRUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, reverse, norm_ih_weight=None, norm_ih_bias=None,
                 norm_hh_weight=None, norm_hh_bias=None, recurrent_keep=None, recurrent_p=0.0, zoneout_h=0.0,
-                keep_h=None):
+                keep_h=None, weight_keep=None, weight_p=0.0):
         steps = Steps.from_batch_sizes(batch_sizes, reverse)
         p = Precision.for_call(x, w_ih)
         H, N = w_hh.shape[0] // 3, steps.num_rows
         norm = norm_ih_weight is not None
         with autocast_off(x.device):
-            x_c, w_ih_c, w_hh_c = x.to(p.compute), w_ih.to(p.compute), w_hh.to(p.compute)
+            x_c, w_ih_c = x.to(p.compute), w_ih.to(p.compute)
+            w_hh_c = ops.dropped_weight(w_hh, weight_keep, weight_p).to(p.compute)
             bias, b_hn = None, None
             if b_ih is not None:  # b_hr, b_hz fold into the input side; b_hn cannot (r multiplies it)
                 bias = (b_ih + torch.cat([b_hh[: 2 * H], torch.zeros_like(b_hh[2 * H :])])).to(p.state)
@@ -79,19 +80,19 @@ class GRUFunction(torch.autograd.Function):
                 out[rows] = h[:n]
         ctx.steps, ctx.precision, ctx.batch_sizes, ctx.x_is_input = steps, p, batch_sizes, x_c is x
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        ctx.options = (recurrent_p, zoneout_h)
+        ctx.options = (recurrent_p, zoneout_h, weight_p)
         ctx.save_for_backward(x_c, gates.to(p.compute), h0, w_ih, w_hh, b_ih, b_hh, norm_ih_weight, norm_ih_bias,
-                              norm_hh_weight, norm_hh_bias, a_h_all, stats_h, recurrent_keep, keep_h)
+                              norm_hh_weight, norm_hh_bias, a_h_all, stats_h, recurrent_keep, keep_h, weight_keep)
         return out, h  # h_n in the state dtype: the carried state is not rounded (precision.py)
 
     @staticmethod
     def backward(ctx, d_out, d_hn):
         (x_c, gates_c, h0, w_ih, w_hh, b_ih, b_hh, n_ih_w, n_ih_b, n_hh_w, n_hh_b, a_h_all, stats_h, rec_keep,
-         keep_h) = ctx.saved_tensors
-        rec_p, zoneout_h = ctx.options
+         keep_h, weight_keep) = ctx.saved_tensors
+        rec_p, zoneout_h, weight_p = ctx.options
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             inputs = (x_c, ctx.batch_sizes, h0, w_ih, w_hh, b_ih, b_hh, ctx.steps.reverse, n_ih_w, n_ih_b, n_hh_w,
-                      n_hh_b, rec_keep, rec_p, zoneout_h, keep_h)
+                      n_hh_b, rec_keep, rec_p, zoneout_h, keep_h, weight_keep, weight_p)
             return differentiable.backward("gru", inputs, ctx.needs_input_grad, (d_out, d_hn), ctx.x_is_input)
         steps, p = ctx.steps, ctx.precision
         H = w_hh.shape[0] // 3
@@ -108,7 +109,7 @@ class GRUFunction(torch.autograd.Function):
             prev = steps.prev_index(x_c.device)
             h_prev = gather_prev(h0.to(p.state), h_all, prev)
 
-            w_hh_c = w_hh.to(p.compute)
+            w_hh_c = ops.dropped_weight(w_hh, weight_keep, weight_p).to(p.compute)
             scale = ops.recurrent_scale(rec_keep, rec_p, p.state)
             # (N, 4H): [dr, dz, dn] pre-activation grads (input side) and d(ah_n + b_hn)
             dG = torch.empty_like(gates)
@@ -159,12 +160,13 @@ class GRUFunction(torch.autograd.Function):
                     h_prev = h_prev * scale.index_select(0, steps.sequence_index(x_c.device))
                 h_prev_c = h_prev.to(p.compute)
                 if norm:
-                    dw_hh = torch.mm(dA.to(p.compute).t(), h_prev_c).to(w_hh.dtype)
+                    dw_hh = torch.mm(dA.to(p.compute).t(), h_prev_c)
                 else:
                     dG_c = dG.to(p.compute)
                     dw_hh = torch.cat(
                         [torch.mm(dG_c[:, : 2 * H].t(), h_prev_c), torch.mm(dG_c[:, 3 * H :].t(), h_prev_c)]
-                    ).to(w_hh.dtype)
+                    )
+                dw_hh = ops.dropped_weight(dw_hh, weight_keep, weight_p).to(w_hh.dtype)
             db_ih = db_hh = None
             if ctx.bias_dtype is not None:
                 db_ih = dG[:, : 3 * H].sum(0).to(ctx.bias_dtype)
@@ -173,4 +175,4 @@ class GRUFunction(torch.autograd.Function):
         norms = (None,) * 4
         if norm:
             norms = tuple(d.to(w.dtype) for d, w in zip((*d_norm_ih, *d_norm_hh), (n_ih_w, n_ih_b, n_hh_w, n_hh_b)))
-        return (dx, None, dh0, dw_ih, dw_hh, db_ih, db_hh, None, *norms) + (None,) * 4
+        return (dx, None, dh0, dw_ih, dw_hh, db_ih, db_hh, None, *norms) + (None,) * 6

@@ -23,7 +23,7 @@ from . import ops
 
 #: The Function's inputs after ``w_hr``, in order (see :func:`lightning_rnn.kernels.reference.lstm`).
 OPTION_INPUTS = ("norm_ih_weight", "norm_ih_bias", "norm_hh_weight", "norm_hh_bias", "norm_c_weight",
-                 "norm_c_bias", "recurrent_keep", "recurrent_p", "zoneout_c", "zoneout_h", "keep_c", "keep_h")
+                 "norm_c_bias", "recurrent_keep", "recurrent_p", "zoneout_c", "zoneout_h", "keep_c", "keep_h", "weight_keep", "weight_p")
 
 
 class LSTMFunction(torch.autograd.Function):
@@ -33,14 +33,15 @@ class LSTMFunction(torch.autograd.Function):
     def forward(ctx, x, batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse, w_hr=None,
                 norm_ih_weight=None, norm_ih_bias=None, norm_hh_weight=None, norm_hh_bias=None,
                 norm_c_weight=None, norm_c_bias=None, recurrent_keep=None, recurrent_p=0.0,
-                zoneout_c=0.0, zoneout_h=0.0, keep_c=None, keep_h=None):
+                zoneout_c=0.0, zoneout_h=0.0, keep_c=None, keep_h=None, weight_keep=None, weight_p=0.0):
         steps = Steps.from_batch_sizes(batch_sizes, reverse)
         p = Precision.for_call(x, w_ih)
         H, P, N = c0.shape[1], h0.shape[1], steps.num_rows
         norm = norm_ih_weight is not None
         plain = not (norm or zoneout_c or zoneout_h)
         with autocast_off(x.device):
-            x_c, w_ih_c, w_hh_c = x.to(p.compute), w_ih.to(p.compute), w_hh.to(p.compute)
+            x_c, w_ih_c = x.to(p.compute), w_ih.to(p.compute)
+            w_hh_c = ops.dropped_weight(w_hh, weight_keep, weight_p).to(p.compute)
             w_hr_c = None if w_hr is None else w_hr.to(p.compute)
             bias = None if b_ih is None else (b_ih + b_hh).to(p.state)
             if norm:  # LN_ih(x W_ih^T) + b for all tokens at once
@@ -87,21 +88,22 @@ class LSTMFunction(torch.autograd.Function):
                 out[rows] = h[:n]
         ctx.steps, ctx.precision, ctx.batch_sizes, ctx.x_is_input = steps, p, batch_sizes, x_c is x
         ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        ctx.options = (recurrent_p, zoneout_c, zoneout_h)
+        ctx.options = (recurrent_p, zoneout_c, zoneout_h, weight_p)
         ctx.save_for_backward(x_c, gates.to(p.compute), h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, norm_ih_weight,
                               norm_ih_bias, norm_hh_weight, norm_hh_bias, norm_c_weight, norm_c_bias, a_h_all,
-                              stats_h, stats_c, recurrent_keep, keep_c, keep_h)
+                              stats_h, stats_c, recurrent_keep, keep_c, keep_h, weight_keep)
         # h_n is a GEMM operand only (the compute dtype loses nothing), unless zoneout mixes it
         return out, h if zoneout_h else h.to(p.compute), c
 
     @staticmethod
     def backward(ctx, d_out, d_hn, d_cn):
         (x_c, gates_c, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, n_ih_w, n_ih_b, n_hh_w, n_hh_b, n_c_w, n_c_b,
-         a_h_all, stats_h, stats_c, rec_keep, keep_c, keep_h) = ctx.saved_tensors
-        rec_p, zoneout_c, zoneout_h = ctx.options
+         a_h_all, stats_h, stats_c, rec_keep, keep_c, keep_h, weight_keep) = ctx.saved_tensors
+        rec_p, zoneout_c, zoneout_h, weight_p = ctx.options
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             inputs = (x_c, ctx.batch_sizes, h0, c0, w_ih, w_hh, b_ih, b_hh, ctx.steps.reverse, w_hr, n_ih_w, n_ih_b,
-                      n_hh_w, n_hh_b, n_c_w, n_c_b, rec_keep, rec_p, zoneout_c, zoneout_h, keep_c, keep_h)
+                      n_hh_w, n_hh_b, n_c_w, n_c_b, rec_keep, rec_p, zoneout_c, zoneout_h, keep_c, keep_h,
+                      weight_keep, weight_p)
             grads = (d_out, d_hn, d_cn)
             return differentiable.backward("lstm", inputs, ctx.needs_input_grad, grads, ctx.x_is_input)
         steps, p = ctx.steps, ctx.precision
@@ -124,7 +126,7 @@ class LSTMFunction(torch.autograd.Function):
             y_all = c_hat * n_c_w + n_c_b if norm else c_tilde
             tanh_y = y_all.tanh()
 
-            w_hh_c = w_hh.to(p.compute)
+            w_hh_c = ops.dropped_weight(w_hh, weight_keep, weight_p).to(p.compute)
             w_hr_c = None if w_hr is None else w_hr.to(p.compute)
             scale = ops.recurrent_scale(rec_keep, rec_p, p.state)
             dG = torch.empty_like(gates)  # (N, 4H) gradients of the gate pre-activations
@@ -194,7 +196,8 @@ class LSTMFunction(torch.autograd.Function):
                 h_prev = gather_prev(h0.to(p.state), h_all, prev)
                 if scale is not None:
                     h_prev = h_prev * scale.index_select(0, steps.sequence_index(x_c.device))
-                dw_hh = torch.mm(dA.to(p.compute).t(), h_prev.to(p.compute)).to(w_hh.dtype)
+                dw_hh = ops.dropped_weight(torch.mm(dA.to(p.compute).t(), h_prev.to(p.compute)), weight_keep,
+                                           weight_p).to(w_hh.dtype)
             if w_hr is not None and need[9]:
                 dw_hr = torch.mm(dH.to(p.compute).t(), r_all.to(p.compute)).to(w_hr.dtype)
             db = dG.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
@@ -205,7 +208,7 @@ class LSTMFunction(torch.autograd.Function):
             (dw_nih, db_nih), (dw_nhh, db_nhh), (dw_nc, db_nc) = d_norm_ih, *d_norm
             norms = tuple(d.to(w.dtype) for d, w in zip((dw_nih, db_nih, dw_nhh, db_nhh, dw_nc, db_nc),
                                                        (n_ih_w, n_ih_b, n_hh_w, n_hh_b, n_c_w, n_c_b)))
-        return (dx, None, dh0, dc0, dw_ih, dw_hh, db, db, None, dw_hr, *norms) + (None,) * 6
+        return (dx, None, dh0, dc0, dw_ih, dw_hh, db, db, None, dw_hr, *norms) + (None,) * 8
 
 
 def _project(r: torch.Tensor, w_hr_c: torch.Tensor | None, p: Precision) -> torch.Tensor:

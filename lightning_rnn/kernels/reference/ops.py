@@ -83,6 +83,12 @@ def zoneout_grads(d: torch.Tensor, p: float, keep_prev: torch.Tensor | None):
     return torch.where(keep_prev, d, 0.0), torch.where(keep_prev, 0.0, d)
 
 
+# ---- weight drop -------------------------------------------------------------------------
+def dropped_weight(w: torch.Tensor, keep: torch.Tensor | None, p: float) -> torch.Tensor:
+    """DropConnect: ``w * keep / (1 - p)``, or w itself without a mask."""
+    return w if keep is None else w * keep.to(w.dtype) / (1 - p)
+
+
 # ---- recurrent (variational) dropout -----------------------------------------------------
 def recurrent_scale(keep: torch.Tensor | None, p: float, dtype: torch.dtype) -> torch.Tensor | None:
     """(B, 1 or P) factors ``keep / (1 - p)`` applied to h_{t-1} before W_hh, or None."""
