@@ -416,17 +416,22 @@ def _cuda_toolkit() -> str | None:
 def test_the_cuda_sources_build_link_and_import_without_a_gpu(tmp_path, monkeypatch):
     """Where torch has CUDA and nvcc exists but no GPU is visible, the cuda backend's sources
     still compile (for sm_80 and sm_90), link against torch's CUDA libraries and import; its
-    bindings refuse CPU tensors by name before any kernel would launch."""
+    bindings refuse CPU tensors by name before any kernel would launch (the cell options'
+    entry points too)."""
     from lightning_rnn.kernels import cuda
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     monkeypatch.setattr(build, "_built", {})  # this build is for no device: forget it after the test
     module = build.jit_build("cuda", cuda.SOURCES, cuda.CFLAGS, cuda.CUDA_CFLAGS)
-    parts = ("forward", "backward", "gemm_bound", "apply", "stack", "padded")
+    parts = ("forward", "backward", "gemm_bound", "apply", "stack", "padded", "options_forward", "options_backward")
     names = {f"{cell}_{part}" for cell in ("lstm", "gru") for part in parts}
     assert names <= set(dir(module))
     x, h0, c0 = torch.randn(6, 3), torch.zeros(2, 4), torch.zeros(2, 4)
     with pytest.raises(RuntimeError, match="x: expected a tensor on cuda, got cpu"):
         module.lstm_forward(x, torch.tensor([2, 2, 2]), h0, c0, torch.randn(16, 3), torch.randn(16, 4),
                             None, None, None, False, torch.float32, torch.float32)
+    with pytest.raises(RuntimeError, match="x: expected a tensor on cuda, got cpu"):
+        module.lstm_options_forward(x, torch.tensor([2, 2, 2]), h0, c0, torch.randn(16, 3), torch.randn(16, 4),
+                                    None, None, None, False, torch.float32, torch.float32, [], None, 0.0, 0.1,
+                                    0.1, None, None, None, 0.0)

@@ -84,3 +84,26 @@ def _options_function(backend: str, cell: str):
     from lightning_rnn.kernels.extension.options import options_function
 
     return options_function(cell, dispatch.backend(backend).load)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("name", OPTIONS)
+@pytest.mark.parametrize("cell, P", CASES, ids=["lstm", "lstm_proj", "gru"])
+def test_cuda_matches_the_reference(cell, P, name):
+    """The CUDA backend's options Function against the reference on the CPU, float64: outputs
+    and every gradient (tests/gpu_checks.sh runs this where a GPU is lent)."""
+    args = _args(cell, P, OPTIONS[name], True)
+    reference = dispatch.backend("reference").function(cell)
+    want = _outputs_and_grads(reference, args)
+    on_gpu = [a.detach().cuda().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) and a.is_floating_point()
+              else a.cuda() if isinstance(a, torch.Tensor) and a.dtype == torch.bool else a for a in args]
+    got = _outputs_and_grads(_options_function("cuda", cell), on_gpu)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-9, atol=1e-10)
+
+
+def _outputs_and_grads(function, args) -> list:
+    outputs = function.apply(*args)
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    loss = sum((o.double() ** 2).sum() for o in outputs)
+    return [o.detach() for o in outputs] + list(torch.autograd.grad(loss, leaves))

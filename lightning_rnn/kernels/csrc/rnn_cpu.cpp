@@ -6,7 +6,9 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
@@ -202,8 +204,8 @@ struct CpuDev {
   }
 
   // The input side's layer norm over all tokens' rows (the temporal adapter's one call):
-  // v (N, F) in place; its backward into da (N, F) from dy (rows of stride ldy), a (N, F)
-  // overwritten with a_hat; and the norms' parameter gradients as column sums.
+  // v (N, F) in place; its backward into da (N, F) from dy (rows of stride ldy), with a
+  // (N, F) overwritten with a_hat.
   template <typename S, typename A>
   static void norm_rows(at::Tensor& v, const at::Tensor& w, const at::Tensor& b) {
     const int64_t F = v.size(1);
@@ -211,52 +213,34 @@ struct CpuDev {
     rows(v.size(0), F, [&](int64_t r) { norm_row(CpuRowLoop{}, p + r * F, ptr<A>(w), ptr<A>(b), F); });
   }
 
+  // (da in the compute dtype, the gain's gradient: the column sums of dy * a_hat, summed in
+  // float64 per chunk of rows)
   template <typename S, typename A>
-  static at::Tensor norm_rows_backward(const at::Tensor& dy, at::Tensor& a, const at::Tensor& w) {
+  static std::pair<at::Tensor, at::Tensor> norm_rows_backward(const at::Tensor& dy, at::Tensor& a,
+                                                              const at::Tensor& w) {
     const int64_t N = a.size(0), F = a.size(1), ldy = dy.stride(0);
     at::Tensor da = BufferPool::empty({N, F}, a.options().dtype(c10::CppTypeToScalarType<S>::value));
+    at::Tensor dw = at::zeros({F}, a.options().dtype(at::kDouble));
     const A* d = ptr<A>(dy);
     A* x = ptr<A>(a);
     S* o = ptr<S>(da);
-    rows(N, F, [&](int64_t r) { norm_row_backward(CpuRowLoop{}, d + r * ldy, x + r * F, ptr<A>(w), o + r * F, F); });
-    return da;
-  }
-
-  // (sum over rows of dy * a_hat, sum of dy) for dy (N, F) rows of stride dy.stride(0) and
-  // a_hat = a (stats undefined) or (a - mean) * rstd with each row's [mean, rstd] in stats;
-  // summed in double, in blocks of columns (one thread each).
-  template <typename T, typename A>
-  static std::pair<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& dy, const at::Tensor& a,
-                                                            const at::Tensor& stats) {
-    const int64_t N = dy.size(0), F = dy.size(1), ldy = dy.stride(0), lda = a.stride(0);
-    at::Tensor dw = at::empty({F}, dy.options()), db = at::empty({F}, dy.options());
-    const A* d = ptr<A>(dy);
-    const T* x = ptr<T>(a);
-    const A* st = stats.defined() ? ptr<A>(stats) : nullptr;
-    A* ow = ptr<A>(dw);
-    A* ob = ptr<A>(db);
-    constexpr int64_t kCols = 64;
-    at::parallel_for(0, (F + kCols - 1) / kCols, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t k0 = c * kCols, width = std::min(kCols, F - k0);
-        double sw[kCols] = {}, sb[kCols] = {};
-        for (int64_t r = 0; r < N; ++r) {
-          const A* dr = d + r * ldy + k0;
-          const T* xr = x + r * lda + k0;
-          const A mean = st ? st[2 * r] : A(0), rstd = st ? st[2 * r + 1] : A(1);
+    double* total = ptr<double>(dw);
+    std::mutex adding;
+    at::parallel_for(0, N, grain_rows(F), [&](int64_t r0, int64_t r1) {
+      FlushDenormals flushed;
+      std::vector<double> part(F, 0.0);
+      double* acc = part.data();
+      for (int64_t r = r0; r < r1; ++r) {
+        const A* dr = d + r * ldy;
+        const A* xr = x + r * F;
+        norm_row_backward(CpuRowLoop{}, dr, x + r * F, ptr<A>(w), o + r * F, F);  // x's row: now a_hat
 #pragma omp simd
-          for (int64_t k = 0; k < width; ++k) {
-            sw[k] += double(dr[k] * ((A(xr[k]) - mean) * rstd));
-            sb[k] += double(dr[k]);
-          }
-        }
-        for (int64_t k = 0; k < width; ++k) {
-          ow[k0 + k] = A(sw[k]);
-          ob[k0 + k] = A(sb[k]);
-        }
+        for (int64_t k = 0; k < F; ++k) acc[k] += double(dr[k] * xr[k]);
       }
+      const std::lock_guard<std::mutex> lock(adding);
+      for (int64_t k = 0; k < F; ++k) total[k] += acc[k];
     });
-    return {dw, db};
+    return {da, dw.to(a.scalar_type())};
   }
 
   // row(b) for the rows [0, n) in parallel (chunks of grain_rows(row_elems) rows).

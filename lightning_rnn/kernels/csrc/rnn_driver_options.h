@@ -221,8 +221,20 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
   const bool alias = !norm && compute == state;
   at::Tensor dH = alias ? dG.narrow(1, 0, HG) : BufferPool::empty({N, HG}, copt);
   const int64_t ldH = alias ? 4 * H : HG;
-  at::Tensor dy = kLstm && norm ? BufferPool::empty({N, H}, sopt) : at::Tensor();  // per token: the cell norm's
-  at::Tensor chat = kLstm && norm ? BufferPool::empty({N, H}, sopt) : at::Tensor();
+  at::Tensor dy = kLstm && norm ? at::empty({B, H}, sopt) : at::Tensor();  // scratch rows
+  at::Tensor chat = kLstm && norm ? at::empty({B, H}, sopt) : at::Tensor();
+  // Per batch row, the running sums of the parameters' gradients the passes add (OptBwdRow::db ...),
+  // moved into float64 sums every kSumBlock steps: no float32 running sum spans more than
+  // kSumBlock steps (a long sequence's bias gradient would drift, as in rnn_driver.h).
+  constexpr int64_t kSumBlock = 32;
+  std::vector<at::Tensor> sums{at::zeros({B, 4 * H}, sopt)};  // db
+  if (norm) sums.push_back(at::zeros({B, HG}, sopt));         // the recurrent norm's gain
+  if (norm && kLstm) {                                        // the cell norm's gain and bias
+    sums.push_back(at::zeros({B, H}, sopt));
+    sums.push_back(at::zeros({B, H}, sopt));
+  }
+  std::vector<at::Tensor> totals;
+  for (const at::Tensor& t : sums) totals.push_back(at::zeros(t.sizes(), sopt.dtype(at::kDouble)));
   at::Tensor dh = proj ? at::Tensor() : d_hn.to(state).clone().contiguous();
   at::Tensor carry_p = proj ? d_hn.to(state).clone().contiguous() : at::Tensor();  // (B, P) projected dh carry
   at::Tensor d_proj = proj ? at::empty({N, P}, copt) : at::Tensor();  // dh~ of every token: dW_hr's rows
@@ -283,9 +295,10 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
                             o.keep_c ? ptr_or_null<uint8_t>(o.keep_c) + off * H : nullptr,
                             o.keep_h ? ptr_or_null<uint8_t>(o.keep_h) + off * P : nullptr, A(o.p_c), A(o.p_h),
                             proj ? nullptr : ptr<A>(dh), kLstm ? ptr<A>(dc) : nullptr, ptr<A>(dG) + off * 4 * H,
-                            alias ? nullptr : ptr<S>(dH) + off * HG, dy.defined() ? ptr<A>(dy) + off * H : nullptr,
-                            chat.defined() ? ptr<A>(chat) + off * H : nullptr, ptr<A>(scratch), proj, n, H, P, G,
-                            HG};
+                            alias ? nullptr : ptr<S>(dH) + off * HG, dy.defined() ? ptr<A>(dy) : nullptr,
+                            chat.defined() ? ptr<A>(chat) : nullptr, ptr<A>(scratch), ptr<A>(sums[0]),
+                            norm ? ptr<A>(sums[1]) : nullptr, norm && kLstm ? ptr<A>(sums[2]) : nullptr,
+                            norm && kLstm ? ptr<A>(sums[3]) : nullptr, proj, n, H, P, G, HG};
       Dev::template options_backward<Opts, S, A>(step);
       if (!step_gemm.run_rows(ptr<S>(dH) + off * ldH, ldH, n, ptr<S>(dh_in), P)) {
         at::Tensor dh_in_n = dh_in.narrow(0, 0, n);
@@ -293,8 +306,16 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
         if (y.data_ptr() != dh_in_n.data_ptr()) dh_in_n.copy_(y);
       }
       m_in = n;
+      if ((s.T - k) % kSumBlock == 0) {
+        for (size_t i = 0; i < sums.size(); ++i) {
+          totals[i].add_(sums[i]);
+          sums[i].zero_();
+        }
+      }
     }
   });
+  std::vector<at::Tensor> sum;  // the parameters' gradients summed over rows and steps
+  for (size_t i = 0; i < sums.size(); ++i) sum.push_back(totals[i].add_(sums[i]).sum(0).to(state));
 
   std::vector<at::Tensor> grads(8 + o.norm.size());
   // The first step's GEMM result is h0's share: dh0 = carry + dh_in * rscale
@@ -302,25 +323,27 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
   if (rscale.defined()) in = in * rscale;
   if (needs[1]) grads[1] = ((proj ? carry_p : dh) + in).to(h0.scalar_type());
   if (needs[2] && kLstm) grads[2] = dc.to(c0->scalar_type());
-  // the input side [dr, dz, dn] of the GRU's [dr, dz, dhn, dn]; the LSTM's whole dG
+  // the input side [dr, dz, dn] of the GRU's [dr, dz, dhn, dn]; the LSTM's whole dG; the
+  // biases' gradients alike (the norms' biases have the same: they are added with them)
   const at::Tensor dGx = kLstm ? dG : at::cat({dG.narrow(1, 0, 2 * H), dG.narrow(1, 3 * H, H)}, 1);
+  const at::Tensor db_x = kLstm ? sum[0] : at::cat({sum[0].narrow(0, 0, 2 * H), sum[0].narrow(0, 3 * H, H)});
+  const at::Tensor db_h = sum[0].narrow(0, 0, HG);
   const at::Tensor w_ih_c = w_ih.to(compute);
   at::Tensor dAx_c;  // the input side's gradient before LN_ih, in the compute dtype
   dispatch_precision(compute, state, [&]<typename S, typename A>() {
     if (norm) {  // back through LN_ih, with x W_ih^T recomputed for all tokens (one GEMM)
       at::Tensor a_x = proj_gemm_pooled(x_c, w_ih_c).to(state).contiguous();
-      dAx_c = Dev::template norm_rows_backward<S, A>(dGx, a_x, norm_s[0]);  // a_x: now a_hat
+      at::Tensor dw_norm;
+      std::tie(dAx_c, dw_norm) = Dev::template norm_rows_backward<S, A>(dGx, a_x, norm_s[0]);
       if (needs[7]) {
-        auto [dw, db] = Dev::template norm_param_grads<A, A>(dGx, a_x, at::Tensor());
-        grads[8] = dw.to(o.norm[0]->scalar_type());
-        grads[9] = db.to(o.norm[1]->scalar_type());
-        std::tie(dw, db) = Dev::template norm_param_grads<S, A>(dG.narrow(1, 0, HG), *a_h, *stats_h);
-        grads[10] = dw.to(o.norm[2]->scalar_type());
-        grads[11] = db.to(o.norm[3]->scalar_type());
+        const auto as = [&](const at::Tensor& g, int k) { return g.to(o.norm[k]->scalar_type()); };
+        grads[8] = as(dw_norm, 0);
+        grads[9] = as(db_x, 1);
+        grads[10] = as(sum[1], 2);
+        grads[11] = as(db_h, 3);
         if (kLstm) {
-          std::tie(dw, db) = Dev::template norm_param_grads<A, A>(dy, chat, at::Tensor());
-          grads[12] = dw.to(o.norm[4]->scalar_type());
-          grads[13] = db.to(o.norm[5]->scalar_type());
+          grads[12] = as(sum[2], 4);
+          grads[13] = as(sum[3], 5);
         }
       }
     } else {
@@ -335,12 +358,8 @@ std::vector<at::Tensor> options_backward(const at::Tensor& x_c, const at::Tensor
     grads[4] = dw.to(w_hh.scalar_type());
   }
   if (needs[5] && bias_dtype) {
-    if (kLstm) {
-      grads[5] = grads[6] = dG.sum(0).to(*bias_dtype);
-    } else {
-      grads[5] = dGx.sum(0).to(*bias_dtype);
-      grads[6] = dG.narrow(1, 0, 3 * H).sum(0).to(*bias_dtype);
-    }
+    grads[5] = db_x.to(*bias_dtype);
+    grads[6] = db_h.to(*bias_dtype);
   }
   if (needs[6] && proj) grads[7] = wgrad_gemm(d_proj, r_all).to(w_hr->scalar_type());
   return grads;

@@ -217,9 +217,13 @@ struct OptBwdRow {
   S* dH;                 // (HG) the recurrent side's gradient: dW_hh's rows and next step's GEMM input
                          //      (null: dG's first HG columns are it, as they are without layer norm
                          //      in one precision)
-  A* dy;                 // (H) LSTM: d(LN_c output) (kept per token with layer norm)
-  A* chat;               // (H) LSTM: the normalized ctilde (kept per token with layer norm)
+  A* dy;                 // (H) LSTM scratch: d(LN_c output)
+  A* chat;               // (H) LSTM scratch: the normalized ctilde
   A* d;                  // (max(H, P)) scratch: the gradient of htilde / ctilde
+  // Running sums of this batch row's parameter gradients (the driver adds them up): the
+  // biases' (4H: dG itself), the recurrent norm's gain (HG) and the cell norm's gain and
+  // bias (H); the norms' other terms are the biases' (the same sums). Null where absent.
+  A* db; A* dgh; A* dgc; A* dbc;
 };
 
 template <typename S, typename A>
@@ -231,6 +235,7 @@ struct OptBwdStep {  // one time step, rows [0, n)
   const A* rscale; const uint8_t* keep_c; const uint8_t* keep_h;
   A p_c, p_h;
   A* dh; A* dc; A* dG; S* dH; A* dy; A* chat; A* d;
+  A* db; A* dgh; A* dgc; A* dbc;
   bool project;
   int64_t n, H, P, G, HG;
   RNN_HD OptBwdRow<S, A> row(int64_t b) const {
@@ -241,7 +246,8 @@ struct OptBwdStep {  // one time step, rows [0, n)
             dh_in && b < m_in ? dh_in + b * P : nullptr, rscale ? rscale + b * P : nullptr,
             keep_c ? keep_c + b * H : nullptr, keep_h ? keep_h + b * P : nullptr, dh ? dh + b * P : nullptr,
             dc ? dc + b * H : nullptr, dG + b * 4 * H, dH ? dH + b * HG : nullptr, dy ? dy + b * H : nullptr,
-            chat ? chat + b * H : nullptr, d + b * W};
+            chat ? chat + b * H : nullptr, d + b * W, db + b * 4 * H, dgh ? dgh + b * HG : nullptr,
+            dgc ? dgc + b * H : nullptr, dbc ? dbc + b * H : nullptr};
   }
 };
 
@@ -259,7 +265,7 @@ RNN_HD void total_grad(const L& loop, A* d, const A* dh, const S* dh_in, const A
 
 // The recurrent norm's backward over the HG columns of the row's dG that feed W_hh
 // (dG columns k < HG in both cells' layouts): dH = rstd * (w dG - mean(w dG) - a_hat
-// mean(w dG a_hat)); without layer norm dH = dG.
+// mean(w dG a_hat)), and its gain's gradient dG a_hat summed; without layer norm dH = dG.
 template <class L, typename S, typename A>
 RNN_HD void recurrent_norm_backward(const L& loop, const OptBwdRow<S, A>& r, int64_t HG) {
   if (!r.norm_hw) {
@@ -273,7 +279,11 @@ RNN_HD void recurrent_norm_backward(const L& loop, const OptBwdRow<S, A>& r, int
                         [&](int64_t k) RNN_ROW_LAMBDA { return r.dG[k] * r.norm_hw[k] * a_hat(k); }, s1, s2);
   s1 /= A(HG);
   s2 /= A(HG);
-  loop.each(HG, [&](int64_t k) RNN_ROW_LAMBDA { r.dH[k] = S(rstd * (r.dG[k] * r.norm_hw[k] - s1 - a_hat(k) * s2)); });
+  loop.each(HG, [&](int64_t k) RNN_ROW_LAMBDA {
+    const A ah = a_hat(k);
+    r.dH[k] = S(rstd * (r.dG[k] * r.norm_hw[k] - s1 - ah * s2));
+    r.dgh[k] += r.dG[k] * ah;
+  });
 }
 
 // Zoneout's split of a gradient v into (kept, rest) in mode M: 0 off (all rest), 1 mask,
@@ -393,9 +403,12 @@ struct LstmOptions {
         const A i = A(r.gates[j]), f = A(r.gates[H + j]), g = A(r.gates[2 * H + j]), o = A(r.gates[3 * H + j]);
         const A chat = (f * r.prev[j] + i * g - mean) * rstd;
         const A ty = tanh_act(chat * r.norm_cw[j] + r.norm_cb[j]);
+        const A dy = d[j] * o * tanh_grad(ty);
         r.dG[3 * H + j] = d[j] * ty * sigmoid_grad(o);
-        r.dy[j] = d[j] * o * tanh_grad(ty);
+        r.dy[j] = dy;
         r.chat[j] = chat;
+        r.dgc[j] += dy * chat;
+        r.dbc[j] += dy;
       });
       A s1, s2;
       loop.template sum2<A>(H, [&](int64_t j) RNN_ROW_LAMBDA { return r.dy[j] * r.norm_cw[j]; },
@@ -409,9 +422,15 @@ struct LstmOptions {
           const A dc = r.dc[j];
           const A kept = zoneout_kept_share<decltype(mode)::value>(dc, r.keep_c, j, p_c);
           const A dct = d[j] + dc - kept;
-          r.dG[j] = dct * g * sigmoid_grad(i);
-          r.dG[H + j] = dct * r.prev[j] * sigmoid_grad(f);
-          r.dG[2 * H + j] = dct * i * tanh_grad(g);
+          const A di = dct * g * sigmoid_grad(i), df = dct * r.prev[j] * sigmoid_grad(f);
+          const A dg = dct * i * tanh_grad(g);
+          r.dG[j] = di;
+          r.dG[H + j] = df;
+          r.dG[2 * H + j] = dg;
+          r.db[j] += di;
+          r.db[H + j] += df;
+          r.db[2 * H + j] += dg;
+          r.db[3 * H + j] += r.dG[3 * H + j];
           r.dc[j] = dct * f + kept;
         });
       });
@@ -424,10 +443,16 @@ struct LstmOptions {
           const A dc = r.dc[j];
           const A kept = zoneout_kept_share<decltype(mode)::value>(dc, r.keep_c, j, p_c);
           const A dct = dj * o * tanh_grad(ty) + dc - kept;
-          r.dG[j] = dct * g * sigmoid_grad(i);
-          r.dG[H + j] = dct * r.prev[j] * sigmoid_grad(f);
-          r.dG[2 * H + j] = dct * i * tanh_grad(g);
-          r.dG[3 * H + j] = dj * ty * sigmoid_grad(o);
+          const A di = dct * g * sigmoid_grad(i), df = dct * r.prev[j] * sigmoid_grad(f);
+          const A dg = dct * i * tanh_grad(g), d_o = dj * ty * sigmoid_grad(o);
+          r.dG[j] = di;
+          r.dG[H + j] = df;
+          r.dG[2 * H + j] = dg;
+          r.dG[3 * H + j] = d_o;
+          r.db[j] += di;
+          r.db[H + j] += df;
+          r.db[2 * H + j] += dg;
+          r.db[3 * H + j] += d_o;
           r.dc[j] = dct * f + kept;
         });
       });
@@ -467,10 +492,15 @@ struct GruOptions {
       const A rg = A(r.gates[j]), z = A(r.gates[H + j]), n = A(r.gates[2 * H + j]), hn = A(r.gates[3 * H + j]);
       const A dht = d[j];
       const A dn = dht * (A(1) - z) * tanh_grad(n);
-      r.dG[j] = dn * hn * sigmoid_grad(rg);
-      r.dG[H + j] = dht * (r.prev[j] - n) * sigmoid_grad(z);
-      r.dG[2 * H + j] = dn * rg;  // d(ah_n + b_hn)
+      const A drg = dn * hn * sigmoid_grad(rg), dz = dht * (r.prev[j] - n) * sigmoid_grad(z), dhn = dn * rg;
+      r.dG[j] = drg;
+      r.dG[H + j] = dz;
+      r.dG[2 * H + j] = dhn;  // d(ah_n + b_hn)
       r.dG[3 * H + j] = dn;
+      r.db[j] += drg;
+      r.db[H + j] += dz;
+      r.db[2 * H + j] += dhn;
+      r.db[3 * H + j] += dn;
       r.dh[j] += dht * z;
     });
     if (r.dH) recurrent_norm_backward(loop, r, 3 * H);
