@@ -73,8 +73,6 @@ struct CudaDev {
     return {da.to(c10::CppTypeToScalarType<S>::value).contiguous(), (dy * a).sum(0)};
   }
 };
-  }
-};
 
 // Runs an entry point F(x, args...) with x's GPU as the current device. ATen's ops (the
 // GEMMs, the allocations) guard their device themselves, but the pointwise kernels are
