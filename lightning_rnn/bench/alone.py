@@ -6,7 +6,8 @@ memory allocator too: whether glibc maps a big buffer again on every call (page 
 each page zero-filled on first touch) depends on what else the process allocated, and so
 on the other implementations. Here each implementation runs in a fresh process of its
 own: ``warmup`` then ``steps`` training steps (forward, mean squared output as the loss,
-backward, an Adam step), reporting the median step time and the page faults per step.
+backward, an Adam step), reporting the median step time and the page faults per step,
+and the process's peak resident memory with the share the kernels' buffer pool holds.
 With ``input_grad`` (the default) the input requires grad, as in the grid, so the
 backward computes dx; without it the fused layers skip that GEMM, which torch.nn's oneDNN
 LSTM backward computes either way, so the two settings compare different amounts of work.
@@ -54,11 +55,14 @@ def run_alone(section: AloneConfig, cfg: BenchConfig, threads: int, *, log: Call
         for name in names:
             row[f"{name}_ms"] = statistics.median(r["step_s"] for r in runs[name]) * 1e3
             row[f"{name}_faults"] = statistics.median(r["faults"] for r in runs[name])
+            row[f"{name}_peak_rss_mb"] = statistics.median(r["peak_rss_bytes"] for r in runs[name]) / 2**20
+            row[f"{name}_pool_mb"] = statistics.median(r["pool_bytes"] for r in runs[name]) / 2**20
         for a, b in itertools.permutations(names, 2):
             if parse_impl(a).is_ours and parse_impl(b).base == "torch":
                 row[f"time_{a}/{b}"] = row[f"{a}_ms"] / row[f"{b}_ms"]
         table.rows.append(row)
-        times = ", ".join(f"{n} {row[f'{n}_ms']:.1f} ms ({row[f'{n}_faults']:g} faults)" for n in names)
+        times = ", ".join(f"{n} {row[f'{n}_ms']:.1f} ms ({row[f'{n}_faults']:g} faults, peak RSS "
+                          f"{row[f'{n}_peak_rss_mb']:.0f} MB of which pool {row[f'{n}_pool_mb']:.0f} MB)" for n in names)
         log(f"[alone] {cell} layers={layers} hidden={hidden}: {times}")
     return table
 
@@ -101,7 +105,16 @@ def train_alone(spec: dict) -> dict:
         if step >= spec["warmup"]:
             times.append(time.perf_counter() - start)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return {"step_s": statistics.median(times), "faults": statistics.median(faults), "input_grad": input_grad}
+    # what the process holds after the loop: its peak resident set, and of it the kernels'
+    # pool of idle buffers (kept mapped between calls; cap LIGHTNING_RNN_POOL_MB, docs/layers.md)
+    pool = 0
+    if impl.base != "torch" and device.type == "cpu":
+        from ..kernels import cpp
+
+        pool = cpp.pool_idle_bytes()
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"step_s": statistics.median(times), "faults": statistics.median(faults), "input_grad": input_grad,
+            "pool_bytes": pool, "peak_rss_bytes": peak_rss}
 
 
 if __name__ == "__main__":

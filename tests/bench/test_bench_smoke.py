@@ -141,12 +141,14 @@ def test_alone_section_runs_each_implementation_in_processes_of_its_own(run):
         assert row["processes"] == cfg.alone.pairs
         for impl in cfg.alone.implementations:
             assert row[f"{impl}_ms"] > 0 and row[f"{impl}_faults"] >= 0
+            assert 0 <= row[f"{impl}_pool_mb"] < row[f"{impl}_peak_rss_mb"]
     from lightning_rnn.bench.alone import _run_worker
 
     spec = {"cell": "gru", "layers": 2, "hidden": 8, "batch": 3, "seq_len": 4, "steps": 2, "warmup": 1,
             "threads": 1, "seed": 0, "device": "cpu", "impl": "ours", "input_grad": True}
     done = _run_worker(spec)
     assert done["step_s"] > 0 and done["input_grad"] is True
+    assert 0 <= done["pool_bytes"] < done["peak_rss_bytes"]  # the pool's share of the resident memory
     assert _run_worker(spec | {"input_grad": False})["input_grad"] is False
     with pytest.raises(RuntimeError, match="the worker for ours failed"):
         _run_worker(spec | {"cell": "rnn"})
