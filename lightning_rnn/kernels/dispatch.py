@@ -9,7 +9,10 @@ which raises :class:`BackendUnavailable` where they cannot be.
 :func:`resolve` turns what a layer was given (``backend=``) into a concrete name for a
 device: ``"auto"`` takes the first backend of :data:`PREFERENCE` for the device type that
 loads (the device's compiled kernel, then ``"reference"``) and warns once when it falls
-back; a named backend loads or raises. ``"torch"`` is not a kernel backend: :mod:`.run`
+back; a named backend loads or raises. The first time a compiled backend is resolved for a
+device (per GPU index) it must pass :mod:`.selfcheck`, a parity check against ``"reference"``
+on tiny cases: where it fails, ``"auto"`` warns once and falls back, a named backend raises
+:class:`~.selfcheck.SelfCheckFailed`. ``"torch"`` is not a kernel backend: :mod:`.run`
 hands the whole stack to torch.nn's own implementation (the baseline, an escape hatch, and
 what runs on the meta device, under torch.func transforms and while a graph is exported).
 """
@@ -22,7 +25,9 @@ from pathlib import Path
 
 import torch
 
+from . import selfcheck
 from .backends import Backend, BackendUnavailable
+from .selfcheck import SelfCheckFailed
 
 KERNEL_BACKENDS = ("reference", "cpp", "cuda")
 BACKENDS = ("auto", "torch") + KERNEL_BACKENDS
@@ -34,13 +39,14 @@ _MODULES = {
 }
 # Kernel backends per device type, fastest first; "reference" closes every list.
 PREFERENCE = {"cpu": ("cpp", "reference"), "cuda": ("cuda", "reference")}
-_warned: set[str] = set()
-# (backend asked for, device type) -> the backend it resolved to once that loaded: every
-# forward asks, and a load (an import and a build check) is not free per call.
-_loaded: dict[tuple[str, str], Backend] = {}
+_warned: set = set()  # backends (names) and self-checks ((name, device type, index)) warned of
+# (backend asked for, device type, device index) -> the backend it resolved to once that loaded
+# and passed its self-check: every forward asks, and a load (an import and a build check) is not
+# free per call.
+_loaded: dict[tuple[str, str, int | None], Backend] = {}
 
 __all__ = ["BACKENDS", "KERNEL_BACKENDS", "PREFERENCE", "Backend", "BackendUnavailable", "available_backends",
-           "backend", "check_backend_name", "load", "resolve", "resolve_backend"]
+           "backend", "check_backend_name", "load", "resolve", "resolve_backend", "SelfCheckFailed"]
 
 
 def check_backend_name(backend: str) -> str:
@@ -96,23 +102,29 @@ def resolve_backend(backend: str, device: torch.device) -> Backend | None:
     """The kernel backend that runs a layer given ``backend=`` on ``device``, or None for
     torch.nn's implementation.
 
-    ``"auto"`` picks the fastest backend for the device that loads (see
-    :data:`PREFERENCE`); when a faster one cannot be built it warns once (per backend
-    and process) and moves on, ending at ``"reference"``. Named backends raise
-    :class:`BackendUnavailable` instead of falling back. On the meta device (shape
-    inference, deferred initialization), inside ``torch.func`` transforms and while a
-    graph is captured for export (``torch.export``, ``torch.jit.trace``) every backend
-    resolves to torch.nn's (None).
+    ``"auto"`` picks the fastest backend for the device that loads and passes its
+    self-check (see :data:`PREFERENCE`, :mod:`.selfcheck`); when a faster one cannot be
+    built it warns once (per backend and process) and moves on, ending at ``"reference"``;
+    when one fails its self-check it warns once per device, naming what differed, and uses
+    the next one for that device from then on. Named backends raise
+    :class:`BackendUnavailable` (:class:`SelfCheckFailed`) instead of falling back. On the
+    meta device (shape inference, deferred initialization), inside ``torch.func``
+    transforms and while a graph is captured for export (``torch.export``,
+    ``torch.jit.trace``) every backend resolves to torch.nn's (None).
     """
     check_backend_name(backend)
-    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    device_type = device.type
     if backend == "torch" or device_type == "meta":
         return None  # meta: shapes only, torch.nn's implementation propagates meta tensors
     if _torch_func_active():
         return None  # the kernels' autograd.Functions are not torch.func-transformable
     if _is_exporting() or torch.jit.is_tracing():
         return None  # captured as aten.lstm / aten.gru, which exported programs can run
-    loaded = _loaded.get((backend, device_type))
+    if device_type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (backend, device_type, device.index)
+    loaded = _loaded.get(key)
     if loaded is not None:
         return loaded
     if backend != "auto":
@@ -120,24 +132,33 @@ def resolve_backend(backend: str, device: torch.device) -> Backend | None:
         if not found.runs_on(device_type):
             raise BackendUnavailable(f"backend: {backend!r} runs on {' and '.join(found.devices)} tensors, got "
                                      f"a tensor on {device_type}")
-        _loaded[backend, device_type] = found
+        if backend != "reference":
+            selfcheck.verify(found, device)
+        _loaded[key] = found
         return found
-    for name in _preference(device):
+    names, failed_check = _preference(device), False
+    for position, name in enumerate(names):
         try:
             found = load(name)
-            if name != "reference":  # a fallback tries the faster backends again next call
-                _loaded[backend, device_type] = found
+            if name != "reference":
+                selfcheck.verify(found, device)
+            if name != "reference" or failed_check:  # a build failure is tried again next call,
+                _loaded[key] = found  # a failed self-check is final for the process
             return found
+        except SelfCheckFailed as err:
+            failed_check = True
+            _warn_once((name, device_type, device.index), f"lightning_rnn: {err}; falling back to the "
+                       f"{names[position + 1]!r} backend on {device}.")
         except (BackendUnavailable, ModuleNotFoundError) as err:
-            if name not in _warned:
-                _warned.add(name)
-                warnings.warn(
-                    f"lightning_rnn: the {name!r} backend is unavailable ({_summary(err)}); "
-                    "falling back to the slower 'reference' backend.",
-                    RuntimeWarning,
-                    stacklevel=_caller_level(),
-                )
+            _warn_once(name, f"lightning_rnn: the {name!r} backend is unavailable ({_summary(err)}); "
+                       "falling back to the slower 'reference' backend.")
     return load("reference")
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
 
 
 def _caller_level() -> int:
