@@ -288,7 +288,8 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     monkeypatch.setenv("WANDB_SILENT", "true")
     trainers = []
     build_trainer = train.build_trainer
-    monkeypatch.setattr(train, "build_trainer", lambda cfg: trainers.append(build_trainer(cfg)) or trainers[-1])
+    monkeypatch.setattr(train, "build_trainer",
+                        lambda cfg, **kwargs: trainers.append(build_trainer(cfg, **kwargs)) or trainers[-1])
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
                                     "data.seq_len=8", "model.val_sample_length=20", "model.rnn.backend=reference",
                                     "callbacks=none", "trainer.max_steps=2", "trainer.val_check_interval=2",
@@ -297,6 +298,7 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     run = trainers[0].logger.experiment
     assert run.settings._offline and Path(run.dir).is_relative_to(tmp_path / "wandb")
     assert run.config["model"]["_target_"] == "lightning_rnn.modules.CharLanguageModel"  # the resolved config
+    assert run.config["model"]["vocab"] == trainers[0].lightning_module.vocab.chars  # filled in from the data
     assert {"train/loss", "val/loss", "val/bpc"} <= set(run.summary.keys())
     run.finish()
     (table,) = Path(run.dir).glob("media/table/val/samples_*.table.json")
