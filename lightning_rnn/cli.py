@@ -18,6 +18,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
+from .tasks.threads import apply_threads, choose_threads
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What the package raises for a bad setting (a checked argument, a missing file), and a
 # mandatory config value left unset: reported in one line rather than with a traceback.
@@ -36,7 +38,11 @@ def run(cfg: DictConfig):
     task = instantiate(cfg.task)  # imports the task's module, and with it Lightning
     route_lightning_logs_through_hydra()
     quiet_upstream_deprecations()
+    restore_threads = None
     try:
+        # one line per machine: the processes DDP starts on it (LOCAL_RANK 1, 2, ...) say nothing
+        restore_threads = apply_threads(choose_threads(cfg, multirun_launcher()),
+                                        announce=os.environ.get("LOCAL_RANK", "0") == "0")
         result = task(cfg)
     except Exception as err:
         finish_wandb_run(exit_code=1)
@@ -44,8 +50,22 @@ def run(cfg: DictConfig):
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or cause is None:
             raise
         raise SystemExit(f"Error: {cause}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+    finally:
+        if restore_threads is not None:
+            restore_threads()
     finish_wandb_run(exit_code=0)
     return result
+
+
+def multirun_launcher() -> DictConfig | None:
+    """The launcher config of the multirun this job belongs to, or None (a single run, or
+    a config composed outside Hydra's command line)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return HydraConfig.get().launcher
 
 
 def finish_wandb_run(exit_code: int) -> None:
