@@ -378,17 +378,19 @@ def test_a_single_run_whose_metric_is_never_logged_warns_and_returns_none(tmp_pa
     assert any("optimized_metric: 'val/loss' was never logged" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("ckpt", [None, "", "/no/such.ckpt"])
-def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt):
+@pytest.mark.parametrize("ckpt, message", [(None, "ckpt_path: this task needs a checkpoint file"),
+                                           ("", "ckpt_path: this task needs a checkpoint file"),
+                                           ("/no/such.ckpt", "ckpt_path: /no/such.ckpt does not exist;")])
+def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt, message):
     cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={'null' if ckpt is None else ckpt}", *QUICK])
-    with pytest.raises(ValueError, match="ckpt_path: this task needs a checkpoint file"):
+    with pytest.raises(ValueError, match=message):
         sample.run(cfg)
 
 
 def test_train_checks_a_given_checkpoint_before_building_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "build_datamodule", lambda cfg: pytest.fail("data built before the check"))
     cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
-    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+    with pytest.raises(ValueError, match="ckpt_path: /no/such.ckpt does not exist"):
         train.run(cfg)
 
 
@@ -398,9 +400,9 @@ def test_a_setting_error_ends_the_run_with_its_message_not_a_traceback(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         run(cfg)
     message = str(exit_info.value.code)
-    assert message.startswith("Error: ckpt_path: expected a checkpoint file") and "HYDRA_FULL_ERROR=1" in message
+    assert message.startswith("Error: ckpt_path: /no/such.ckpt does not exist") and "HYDRA_FULL_ERROR=1" in message
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the exception itself, for its traceback
-    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+    with pytest.raises(ValueError, match="ckpt_path: /no/such.ckpt does not exist"):
         run(cfg)
 
 
