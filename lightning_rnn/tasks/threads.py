@@ -100,8 +100,8 @@ def choose_threads(cfg: DictConfig, launcher: Mapping | None = None, environ: Ma
         if value.isdigit() and int(value) >= 1:
             return ThreadCount(int(value), f"{variable}={value}", processes)
     parts = [f"{devices} per run"] * (devices > 1) + [f"{jobs} runs at once"] * (jobs > 1)
-    described = f"{processes} processes ({', '.join(parts)})" if parts else "1 process"
-    return ThreadCount(max(1, cpus // processes), f"{cpus} CPUs / {described}", processes)
+    described = f"{processes} processes: {', '.join(parts)}" if parts else "1 process"
+    return ThreadCount(max(1, cpus // processes), f"{cpus} CPUs for {described}", processes)
 
 
 def busy_hint(count: ThreadCount, cpus: int | None = None) -> str:

@@ -34,12 +34,12 @@ def config(threads=None, **trainer):
 def test_the_cpus_are_shared_by_the_runs_processes(devices, expected):
     count = choose_threads(config(devices=devices), cpus=8)
     assert count.threads == expected
-    assert count.reason.startswith("8 CPUs / ")
+    assert count.reason.startswith("8 CPUs for ")
 
 
 def test_the_trials_a_joblib_sweep_runs_at_once_share_them_too():
     assert choose_threads(config(devices=2), launcher={"n_jobs": 2}, cpus=8) == \
-        ThreadCount(2, "8 CPUs / 4 processes (2 per run, 2 runs at once)", 4)
+        ThreadCount(2, "8 CPUs for 4 processes: 2 per run, 2 runs at once", 4)
     assert choose_threads(config(), launcher={"n_jobs": -1}, cpus=8).threads == 1  # joblib's -1: one job per CPU
     assert choose_threads(config(), launcher={"n_jobs": -3}, cpus=8).threads == 1  # 6 jobs
     assert choose_threads(config(), launcher={"n_jobs": 3}, cpus=2).threads == 1  # never 0
@@ -69,13 +69,13 @@ def test_the_cpus_are_those_this_process_may_use(monkeypatch):
 
 def test_a_busy_machine_is_mentioned_with_the_count_that_fits_it(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 1.0, 0.5))
-    hint = busy_hint(ThreadCount(2, "2 CPUs / 1 process"), cpus=2)
+    hint = busy_hint(ThreadCount(2, "2 CPUs for 1 process"), cpus=2)
     assert "load average 2.2 on 2 CPUs" in hint and "threads=1 may be faster" in hint
     assert busy_hint(ThreadCount(1, "threads=1"), cpus=2) == ""  # as few as there can be
     # 14 CPUs left free, for 2 processes
-    assert "threads=7 may be faster" in busy_hint(ThreadCount(8, "16 CPUs / 2 processes", 2), cpus=16)
+    assert "threads=7 may be faster" in busy_hint(ThreadCount(8, "16 CPUs for 2 processes", 2), cpus=16)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.9, 0.2, 0.1))  # less than a CPU's worth: noise
-    assert busy_hint(ThreadCount(2, "2 CPUs / 1 process"), cpus=2) == ""
+    assert busy_hint(ThreadCount(2, "2 CPUs for 1 process"), cpus=2) == ""
 
 
 def test_applying_a_count_sets_torch_and_the_environment_until_restored():
@@ -107,7 +107,7 @@ def test_the_cli_runs_the_task_with_its_count_and_says_it_once(tmp_path, monkeyp
         run(cfg)
     assert SEEN == [(2, "2")]
     lines = [r.getMessage() for r in caplog.records if r.name == "lightning_rnn.tasks.threads"]
-    assert lines == ["torch threads: 2 per process (4 CPUs / 2 processes (2 per run); threads=N sets another count)"]
+    assert lines == ["torch threads: 2 per process (4 CPUs for 2 processes: 2 per run; threads=N sets another count)"]
     assert torch.get_num_threads() == 3 and "OMP_NUM_THREADS" not in os.environ
 
 
