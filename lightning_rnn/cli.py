@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -17,6 +18,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
+
+from .tasks.threads import apply_threads, choose_threads
+from .tasks.unknown_keys import unexpected_argument_error, unknown_override_error
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What the package raises for a bad setting (a checked argument, a missing file), and a
@@ -36,16 +40,73 @@ def run(cfg: DictConfig):
     task = instantiate(cfg.task)  # imports the task's module, and with it Lightning
     route_lightning_logs_through_hydra()
     quiet_upstream_deprecations()
+    untouched = untouched_run_directory()
+    restore_threads = None
     try:
+        # one line per machine: the processes DDP starts on it (LOCAL_RANK 1, 2, ...) say nothing
+        restore_threads = apply_threads(choose_threads(cfg, multirun_launcher()),
+                                        announce=os.environ.get("LOCAL_RANK", "0") == "0")
         result = task(cfg)
     except Exception as err:
         finish_wandb_run(exit_code=1)
         cause = setting_error(err)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or cause is None:
+        message = unexpected_argument(err, cfg) or (None if cause is None else f"Error: {cause}")
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or message is None:
             raise
-        raise SystemExit(f"Error: {cause}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+        remove_run_directory(untouched)
+        raise SystemExit(f"{message}\n(HYDRA_FULL_ERROR=1 shows the traceback)") from None
+    finally:
+        if restore_threads is not None:
+            restore_threads()
     finish_wandb_run(exit_code=0)
     return result
+
+
+def untouched_run_directory() -> tuple[Path, set[str]] | None:
+    """The run directory and its entries, where Hydra has just made it for this run under the
+    current directory (a single run, not a sweep's job) and it holds nothing but Hydra's record
+    (``.hydra/``) and an empty log file; else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    directory, cwd = Path(HydraConfig.get().runtime.output_dir).resolve(), Path.cwd().resolve()
+    if directory == cwd or not directory.is_relative_to(cwd) or not directory.is_dir():
+        return None
+    entries = {p.name: p for p in directory.iterdir()}
+    if not all(name == ".hydra" or (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
+               for name, p in entries.items()):
+        return None
+    return directory, set(entries)
+
+
+def remove_run_directory(untouched: tuple[Path, set[str]] | None) -> None:
+    """Remove the run directory of :func:`untouched_run_directory` when the run, which ended
+    on a setting error, wrote nothing there but its log (a checkpoint, a logger's files keep
+    it), and the folders above it that this leaves empty, up to the current directory."""
+    if untouched is None:
+        return
+    directory, entries = untouched
+    if not directory.is_dir() or {p.name for p in directory.iterdir()} != entries:
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in directory.parents:
+        if parent == cwd or not parent.is_relative_to(cwd) or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+def multirun_launcher() -> DictConfig | None:
+    """The launcher config of the multirun this job belongs to, or None (a single run, or
+    a config composed outside Hydra's command line)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return HydraConfig.get().launcher
 
 
 def finish_wandb_run(exit_code: int) -> None:
@@ -63,6 +124,15 @@ def setting_error(err: BaseException) -> BaseException | None:
     while isinstance(err, InstantiationException) and err.__cause__ is not None:
         err = err.__cause__
     return err if is_setting_error(err) else None
+
+
+def unexpected_argument(err: BaseException, cfg: DictConfig) -> str | None:
+    """``Error: KEY: CLASS takes no argument ...`` for a key of the config (one added with
+    ``+``) that its class does not take, which Hydra's ``instantiate`` wrapped; else None."""
+    while isinstance(err, InstantiationException) and err.__cause__ is not None:
+        err = err.__cause__
+    message = unexpected_argument_error(err, cfg)
+    return None if message is None else f"Error: {message}"
 
 
 def is_setting_error(err: BaseException) -> bool:
@@ -151,7 +221,7 @@ def missing_sweeper(args: list[str]) -> str | None:
 
 
 def main() -> None:
-    error = missing_sweeper(sys.argv[1:])
+    error = missing_sweeper(sys.argv[1:]) or unknown_override_error(config_dir(), sys.argv[1:])
     if error:
         print(error, file=sys.stderr)
         raise SystemExit(1)

@@ -6,6 +6,7 @@ Each works with any Trainer and any LightningModule containing fused layers
 from ..data.samplers import LengthBucketBatchSampler  # the sampler PackedSequences installs
 from .gpu_memory import GPUMemoryLogger
 from .gradient_checkpointing import GradientCheckpointing
+from .loss_plot import LossPlot
 from .mixed_precision import MixedPrecision, RNNMixedPrecision
 from .packed_sequences import PackedSequences
 from .progress_bar import StepLimitedProgressBar
@@ -14,6 +15,7 @@ __all__ = [
     "GPUMemoryLogger",
     "GradientCheckpointing",
     "LengthBucketBatchSampler",
+    "LossPlot",
     "MixedPrecision",
     "PackedSequences",
     "RNNMixedPrecision",

@@ -1,6 +1,7 @@
 """CharLanguageModel: embedding -> recurrent encoder -> per-step vocabulary logits."""
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from typing import Callable
@@ -18,6 +19,8 @@ from .rnn_module import RNNModule
 from .sampling import check_length, check_sampling_arguments, check_stop, plain_number
 from .text_logging import log_text_samples
 
+log = logging.getLogger(__name__)
+
 
 class CharLanguageModel(RNNModule):
     """Next-character model over the vocabulary ``vocab`` (a string of distinct characters).
@@ -27,7 +30,9 @@ class CharLanguageModel(RNNModule):
     character) and ``ppl`` (perplexity). After every validation it samples
     ``val_sample_length`` characters and logs them: under wandb a table of the newest
     :attr:`val_samples_kept` samples, logged whole each time (a table of every sample would
-    make each log bigger than the last, and wandb keeps at most 10,000 rows of one).
+    make each log bigger than the last, and wandb keeps at most 10,000 rows of one); under
+    TensorBoard as text; with no logger that takes text (CSV, none) as an INFO message of
+    this module's logger (the console and ``cli.log`` in a command-line run).
 
     Args:
         vocab: the characters, stored in the checkpoint so sampling needs nothing else.
@@ -174,4 +179,5 @@ class CharLanguageModel(RNNModule):
         if length and not self.trainer.sanity_checking and self.trainer.is_global_zero:
             text = self.sample("", length, self.hparams.val_sample_temperature, seed=self.global_step)
             self._val_samples.append((self.global_step, text))
-            log_text_samples(self.loggers, "val/samples", self._val_samples)
+            if not log_text_samples(self.loggers, "val/samples", self._val_samples):
+                log.info("val/samples at step %d:\n%s", self.global_step, text)

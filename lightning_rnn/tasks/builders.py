@@ -5,6 +5,7 @@ from hydra.utils import get_class, instantiate
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from ..kernels import dispatch
@@ -93,22 +94,39 @@ def check_model_matches_data(model: LightningModule, datamodule: LightningDataMo
     check_checkpoint_data(path, model.hparams, type(model).__name__, data_model_kwargs(datamodule))
 
 
-def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None) -> Trainer:
+def build_trainer(cfg: DictConfig, loaded: LightningModule | None = None,
+                  built: LightningModule | None = None) -> Trainer:
     """``cfg.trainer`` with the callbacks of ``cfg.callbacks`` and loggers of ``cfg.logger``;
-    the resolved config is logged as the run's hyperparameters, its ``model`` replaced by the
-    settings of ``loaded`` (a model read from ``ckpt_path``, which ``cfg.model`` did not build)."""
+    the config as resolved for the run is logged as its hyperparameters: its ``model`` replaced
+    by the settings of ``loaded`` (a model read from ``ckpt_path``, which ``cfg.model`` did not
+    build), or completed with those of ``built`` (the model ``cfg.model`` built: the values the
+    data filled in, such as the vocabulary and input size, and the defaults it took)."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
     if not loggers:  # logger=none: nothing for a LearningRateMonitor to log to (Lightning refuses it)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    for logger in loggers:
+        drop_retired_wandb_settings(logger)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=trainer_plugins(cfg))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if loaded is not None:
         resolved["model"] = {"_target_": f"{type(loaded).__module__}.{type(loaded).__qualname__}",
                              **loaded.hparams_initial}
+    elif built is not None:
+        resolved["model"] = {**resolved.get("model", {}), **built.hparams_initial}
     for logger in trainer.loggers:
         logger.log_hyperparams(resolved)
     return trainer
+
+
+def drop_retired_wandb_settings(logger) -> None:
+    """Leave out of a WandbLogger's ``wandb.init`` arguments the ``anonymous`` setting that
+    Lightning passes (as None) on every run and wandb has retired: wandb warns "The anonymous
+    setting has no effect" whenever it is passed at all. A value the user set is kept. Lightning
+    keeps the arguments in ``_wandb_init``, with no public way to change them."""
+    init = getattr(logger, "_wandb_init", None) if isinstance(logger, WandbLogger) else None
+    if isinstance(init, dict) and "anonymous" in init and init["anonymous"] is None:
+        del init["anonymous"]
 
 
 def trainer_plugins(cfg: DictConfig) -> list:

@@ -57,9 +57,10 @@ def check_checkpoint_file(path, required: bool, needed_by: str = "this task") ->
     ``weights_only`` loader reads (truncated, not a checkpoint), or not a Lightning checkpoint."""
     if not required and not path:
         return None
-    if not path or not Path(path).is_file():
-        need = f"{needed_by} needs" if required else "expected"
-        raise ValueError(f"ckpt_path: {need} a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt (got {path!r})")
+    if not path:
+        raise ValueError(f"ckpt_path: {needed_by} needs a checkpoint file, pass ckpt_path=PATH/TO/FILE.ckpt "
+                         f"(got {path!r})")
+    check_is_a_file(Path(path))
     try:
         record = damaged_record(path)
     except (zipfile.BadZipFile, OSError, EOFError):  # not a zip at all: torch.load says what it is
@@ -84,6 +85,19 @@ def check_checkpoint_file(path, required: bool, needed_by: str = "this task") ->
         raise ValueError(f"ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict'); save one with "
                          "Trainer.save_checkpoint or a ModelCheckpoint callback")
     return checkpoint
+
+
+def check_is_a_file(path: Path) -> None:
+    """A ValueError naming ``ckpt_path`` when ``path`` does not exist (saying where a relative
+    path was looked for) or is a directory (naming the checkpoints in it)."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.ckpt"))
+        held = f"; it holds {', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''}" if inside else ""
+        raise ValueError(f"ckpt_path: {path} is a directory, not a checkpoint file{held}")
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()}, where the command started)"
+        raise ValueError(f"ckpt_path: {path} does not exist{where}; pass the path of a checkpoint file, "
+                         "ckpt_path=PATH/TO/FILE.ckpt")
 
 
 def check_resumable(checkpoint: dict, path) -> None:

@@ -35,7 +35,7 @@ def run(cfg: DictConfig) -> float | None:
     model = build_model(cfg, datamodule)
     if checkpoint is not None:
         check_checkpoint_fits(checkpoint, ckpt_path, model)
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg, built=model)
     check_layer_backends(model, trainer)
     if cfg.test_after_training:  # a test split too small for a batch: say so now, not after training
         datamodule.trainer = trainer  # the batch it needs: one per process (DDP), as in the test run

@@ -38,12 +38,15 @@ def ddp_run(tmp_path_factory):
     """The ddp_cpu experiment: 2 processes, 4 streams each (the same global batch); its run directory."""
     cwd = tmp_path_factory.mktemp("ddp")
     result = run_cli(["experiment=ddp_cpu", *TINY, "data.batch_size=4", "callbacks=none"], cwd, timeout=180)
-    assert (result.stdout + result.stderr).count("final metrics:") == 1  # rank 0 reports, not every process
+    output = result.stdout + result.stderr
+    assert output.count("final metrics:") == 1  # rank 0 reports, not every process
+    assert output.count("torch threads: 1 per process (OMP_NUM_THREADS=1;") == 1  # once, not once per process
     return run_dir(cwd)
 
 
 def test_train_writes_checkpoint_and_logs_under_the_hydra_output_dir(one_process_run):
     assert (one_process_run / "checkpoints" / "last.ckpt").is_file()
+    assert (one_process_run / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert (one_process_run / ".hydra" / "config.yaml").is_file()
     assert len(logged_values(one_process_run)) == 2  # validated twice
 
@@ -53,6 +56,7 @@ def test_the_run_prints_no_deprecation_that_lightning_raises_from_torch(one_proc
     character streams give each worker its own batches."""
     output = (one_process_run.parents[2] / "cli_output.txt").read_text()
     assert "final metrics:" in output  # the run's own report is there
+    assert "torch threads: 1 per process (OMP_NUM_THREADS=1; threads=N sets another count)" in output
     assert "LeafSpec" not in output
     assert "IterableDataset" not in output
     assert "Tip:" not in output  # Lightning's suggestions of other services

@@ -288,7 +288,8 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     monkeypatch.setenv("WANDB_SILENT", "true")
     trainers = []
     build_trainer = train.build_trainer
-    monkeypatch.setattr(train, "build_trainer", lambda cfg: trainers.append(build_trainer(cfg)) or trainers[-1])
+    monkeypatch.setattr(train, "build_trainer",
+                        lambda cfg, **kwargs: trainers.append(build_trainer(cfg, **kwargs)) or trainers[-1])
     cfg = compose_config(tmp_path, ["model.rnn.hidden_size=8", "model.rnn.num_layers=1", "data.batch_size=4",
                                     "data.seq_len=8", "model.val_sample_length=20", "model.rnn.backend=reference",
                                     "callbacks=none", "trainer.max_steps=2", "trainer.val_check_interval=2",
@@ -297,6 +298,7 @@ def test_wandb_offline_logs_config_metrics_and_sample_table(tmp_path, monkeypatc
     run = trainers[0].logger.experiment
     assert run.settings._offline and Path(run.dir).is_relative_to(tmp_path / "wandb")
     assert run.config["model"]["_target_"] == "lightning_rnn.modules.CharLanguageModel"  # the resolved config
+    assert run.config["model"]["vocab"] == trainers[0].lightning_module.vocab.chars  # filled in from the data
     assert {"train/loss", "val/loss", "val/bpc"} <= set(run.summary.keys())
     run.finish()
     (table,) = Path(run.dir).glob("media/table/val/samples_*.table.json")
@@ -376,17 +378,19 @@ def test_a_single_run_whose_metric_is_never_logged_warns_and_returns_none(tmp_pa
     assert any("optimized_metric: 'val/loss' was never logged" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("ckpt", [None, "", "/no/such.ckpt"])
-def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt):
+@pytest.mark.parametrize("ckpt, message", [(None, "ckpt_path: this task needs a checkpoint file"),
+                                           ("", "ckpt_path: this task needs a checkpoint file"),
+                                           ("/no/such.ckpt", "ckpt_path: /no/such.ckpt does not exist;")])
+def test_checkpoint_tasks_need_a_checkpoint_file(tmp_path, ckpt, message):
     cfg = compose_config(tmp_path, ["task=sample", f"ckpt_path={'null' if ckpt is None else ckpt}", *QUICK])
-    with pytest.raises(ValueError, match="ckpt_path: this task needs a checkpoint file"):
+    with pytest.raises(ValueError, match=message):
         sample.run(cfg)
 
 
 def test_train_checks_a_given_checkpoint_before_building_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "build_datamodule", lambda cfg: pytest.fail("data built before the check"))
     cfg = compose_config(tmp_path, ["ckpt_path=/no/such.ckpt", *QUICK])
-    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+    with pytest.raises(ValueError, match="ckpt_path: /no/such.ckpt does not exist"):
         train.run(cfg)
 
 
@@ -396,9 +400,9 @@ def test_a_setting_error_ends_the_run_with_its_message_not_a_traceback(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         run(cfg)
     message = str(exit_info.value.code)
-    assert message.startswith("Error: ckpt_path: expected a checkpoint file") and "HYDRA_FULL_ERROR=1" in message
+    assert message.startswith("Error: ckpt_path: /no/such.ckpt does not exist") and "HYDRA_FULL_ERROR=1" in message
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the exception itself, for its traceback
-    with pytest.raises(ValueError, match="ckpt_path: expected a checkpoint file"):
+    with pytest.raises(ValueError, match="ckpt_path: /no/such.ckpt does not exist"):
         run(cfg)
 
 

@@ -193,3 +193,20 @@ def test_a_text_of_no_new_characters_still_reaches_on_text(model):
     assert model.sample("abc", 0, on_text=lambda i, text: pieces.append((i, text)), num_samples=2) == ["abc", "abc"]
     assert pieces == [(0, "abc"), (1, "abc")]
     assert model.sample("", 0, num_samples=2) == ["", ""]
+
+
+def test_validation_samples_go_to_the_console_where_no_logger_takes_text(tmp_path, caplog):
+    """logger=csv or none: each validation's sample is an INFO line of the module's logger
+    (the console and cli.log of a command-line run); TensorBoard (or wandb) takes it instead."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    batches = [{"inputs": torch.randint(0, 10, (2, 8)), "targets": torch.randint(0, 10, (2, 8))}]
+    for logger, shown in [(False, 2), (CSVLogger(tmp_path), 2), (TensorBoardLogger(tmp_path), 0)]:
+        model = CharLanguageModel(vocab=VOCAB, embedding_dim=6, rnn=rnn_factory(), optimizer=adam(),
+                                  val_sample_length=7)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="lightning_rnn.modules.char_lm"):
+            tiny_trainer(max_epochs=2, logger=logger).fit(model, batches_loader(batches), batches_loader(batches))
+        lines = [r.getMessage() for r in caplog.records if r.name == "lightning_rnn.modules.char_lm"]
+        assert len(lines) == shown
+        assert lines == [f"val/samples at step {step}:\n{text}" for step, text in model._val_samples][:shown]
