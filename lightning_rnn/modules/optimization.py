@@ -7,6 +7,8 @@ from typing import Callable
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from .schedules import BudgetCosine, follow_trainer
+
 #: What a ReduceLROnPlateau scheduler is stepped with.
 PLATEAU_METRIC = "val/loss"
 
@@ -16,7 +18,7 @@ def is_plateau(scheduler) -> bool:
 
 
 def configure_optimization(optimizer: Callable, scheduler: Callable | None, params: list, interval: str,
-                           automatic: bool):
+                           automatic: bool, trainer=None):
     """What ``configure_optimizers`` returns: ``optimizer(params)``, and ``scheduler`` of it
     stepped every ``interval`` ("step": optimizer step, "epoch") where given.
 
@@ -30,12 +32,16 @@ def configure_optimization(optimizer: Callable, scheduler: Callable | None, para
     if scheduler is None:
         return optimizer
     scheduler = scheduler(optimizer)
+    if trainer is not None:
+        follow_trainer(scheduler, trainer)  # a schedule over the run's budget reads its progress
     if isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) and scheduler.T_max < 1:
         raise ValueError(
             f"scheduler: CosineAnnealingLR needs T_max >= 1 (scheduler steps), got {scheduler.T_max}; "
             "on the command line T_max follows trainer.max_steps: set trainer.max_steps, or "
             "model.scheduler.T_max for a run bounded by epochs"
         )
+    if isinstance(scheduler, BudgetCosine):
+        interval = "step"  # its warm-up counts optimizer steps, and its progress moves with every one
     if not is_plateau(scheduler):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
     config = {"scheduler": scheduler, "interval": "epoch"}

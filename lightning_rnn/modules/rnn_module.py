@@ -229,7 +229,7 @@ class RNNModule(LightningModule):
         # trainable parameters only: a finetuning callback (BaseFinetuning) freezes some first
         return configure_optimization(self._optimizer_factory, self._scheduler_factory,
                                       [p for p in self.parameters() if p.requires_grad],
-                                      self.hparams.scheduler_interval, self.automatic_optimization)
+                                      self.hparams.scheduler_interval, self.automatic_optimization, self._trainer)
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         if not is_plateau(scheduler):  # a plateau steps after each validation (on_validation_epoch_end)

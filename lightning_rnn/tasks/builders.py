@@ -145,10 +145,14 @@ def trainer_plugins(cfg: DictConfig) -> list:
 def check_layer_backends(model: LightningModule, trainer: Trainer) -> None:
     """Every fused layer's kernel backend runs on the Trainer's device and loads (the cpp
     extension builds now): a ValueError or BackendUnavailable naming it before the run
-    starts, not at the first batch, after the model summary."""
+    starts, not at the first batch, after the model summary. ``auto`` resolves now too, so
+    that a first use's build is not counted in a run's ``max_time``."""
     device = trainer.strategy.root_device
     for name, module in model.named_modules():
         backend = module.backend if isinstance(module, FusedRNNBase) else None
+        if backend == "auto":
+            dispatch.resolve(backend, device)  # builds the device's kernels (or warns and falls back)
+            continue
         if backend not in dispatch.KERNEL_BACKENDS or backend == "reference":
             continue
         if backend not in dispatch.PREFERENCE.get(device.type, ()):
