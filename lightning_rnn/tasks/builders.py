@@ -145,8 +145,9 @@ def trainer_plugins(cfg: DictConfig) -> list:
 def check_layer_backends(model: LightningModule, trainer: Trainer) -> None:
     """Every fused layer's kernel backend runs on the Trainer's device and loads (the cpp
     extension builds now): a ValueError or BackendUnavailable naming it before the run
-    starts, not at the first batch, after the model summary. ``auto`` resolves now too, so
-    that a first use's build is not counted in a run's ``max_time``."""
+    starts, not at the first batch, after the model summary. Resolving runs the compiled
+    backend's self-check (kernels/selfcheck.py) now too, and ``auto`` resolves here as well,
+    so that a first use's build is not counted in a run's ``max_time``."""
     device = trainer.strategy.root_device
     for name, module in model.named_modules():
         backend = module.backend if isinstance(module, FusedRNNBase) else None
@@ -158,4 +159,4 @@ def check_layer_backends(model: LightningModule, trainer: Trainer) -> None:
         if backend not in dispatch.PREFERENCE.get(device.type, ()):
             raise ValueError(f"model.{name}.backend: {backend!r} does not run on the Trainer's {device.type} device "
                              "(the cuda backend needs trainer=gpu, cpp a CPU; backend=auto picks the device's)")
-        dispatch.load(backend)
+        dispatch.resolve(backend, device)
