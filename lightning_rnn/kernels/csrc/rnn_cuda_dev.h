@@ -8,6 +8,7 @@
 
 #include "rnn_cells.h"
 #include "rnn_options.h"
+#include "rnn_options_scan.h"
 
 namespace lrnn {
 

@@ -22,6 +22,7 @@
 
 #include "rnn_driver.h"
 #include "rnn_options.h"
+#include "rnn_options_scan.h"
 
 namespace lrnn {
 

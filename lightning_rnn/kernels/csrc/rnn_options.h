@@ -3,121 +3,18 @@
 // it is rnn_driver_options.h, the specification kernels/reference/{lstm,gru}.py.
 //
 // A row is one sequence of a step (b < n). Options need whole-row reductions (a layer
-// norm's mean and variance), so each function here takes the row as a whole and a row
-// loop `L` with operations over a row's columns: L::each(n, f) runs f(j) for every j < n
-// (the CPU: a vectorized loop; CUDA: the threads of the row's block, then a barrier),
-// L::sum(n, f) returns the sum of f(j) over j < n (to every thread), L::sum2(n, f, g) the
-// sums of f(j) and of g(j) in one pass. Every
-// option is decided outside the loops, which stay branch-free so that they vectorize:
-// a row is a few simple passes over scratch rows rather than one pass with conditions.
-// S = compute dtype (GEMM operands, saved gates, outputs), A = state dtype.
-//
-// Masks are bytes (1: keep the previous value, zoneout); a null mask with p > 0 is
-// evaluation, which mixes with the expectation p; p == 0 is the option off.
+// norm's mean and variance), so each function here takes the row as a whole, through a
+// row loop (rnn_rows.h: its passes and helpers); a row is a few simple passes over
+// scratch rows rather than one pass with conditions. S = compute dtype (GEMM operands,
+// saved gates, outputs), A = state dtype. The backward's scans: rnn_options_scan.h.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "rnn_math.h"
+#include "rnn_rows.h"
 
 namespace lrnn {
-
-constexpr double kNormEps = 1e-5;  // layer norm's epsilon (kernels/cell.py: NORM_EPS)
-
-// The row loops' lambdas inlined into their (vectorized) loops on the CPU: GCC leaves a
-// lambda as large as a cell's element math out of line otherwise, and the loop scalar.
-#if defined(__CUDACC__)
-#define RNN_ROW_LAMBDA
-#else
-#define RNN_ROW_LAMBDA __attribute__((always_inline))
-#endif
-
-// out = d * prev + (1 - d) * next over n columns: d the mask (training), its expectation
-// p (evaluation, no mask), or next itself (p == 0). out may be prev or next.
-template <class L, typename A>
-RNN_HD void zoneout_row(const L& loop, A* out, const A* prev, const A* next, const uint8_t* keep, A p, int64_t n) {
-  if (p == A(0)) {
-    if (out != next) loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = next[j]; });
-  } else if (keep) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = keep[j] ? prev[j] : next[j]; });
-  } else {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = next[j] + p * (prev[j] - next[j]); });
-  }
-}
-
-// Zoneout's backward over n columns: of the gradient d, the share of the previous value
-// goes to kept, the rest stays in d.
-template <class L, typename A>
-RNN_HD void zoneout_split(const L& loop, A* d, A* kept, const uint8_t* keep, A p, int64_t n) {
-  if (p == A(0)) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { kept[j] = A(0); });
-  } else if (keep) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
-      const A v = d[j];
-      kept[j] = keep[j] ? v : A(0);
-      d[j] = keep[j] ? A(0) : v;
-    });
-  } else {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
-      const A v = d[j];
-      kept[j] = p * v;
-      d[j] = v - p * v;
-    });
-  }
-}
-
-// The step output h (state dtype) as the output row and the next GEMM's input h * rscale.
-template <class L, typename S, typename A>
-RNN_HD void write_h(const L& loop, const A* h, S* out, S* h_c, const A* rscale, int64_t n) {
-  if (rscale) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
-      out[j] = S(h[j]);
-      h_c[j] = S(h[j] * rscale[j]);
-    });
-  } else {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { out[j] = h_c[j] = S(h[j]); });
-  }
-}
-
-// [mean, 1 / sqrt(var + eps)] of v(j) over j < n (biased variance, two passes).
-template <class L, typename A, class V>
-RNN_HD void row_stats(const L& loop, int64_t n, V v, A* stats) {
-  const A mean = loop.template sum<A>(n, [&](int64_t j) RNN_ROW_LAMBDA { return A(v(j)); }) / A(n);
-  const A var = loop.template sum<A>(n, [&](int64_t j) RNN_ROW_LAMBDA {
-    const A d = A(v(j)) - mean;
-    return d * d;
-  }) / A(n);
-  stats[0] = mean;
-  stats[1] = A(1) / std::sqrt(var + A(kNormEps));
-}
-
-// ---- a layer norm over whole rows (the input side, all tokens at once) ------------------
-// v (F) in place: (v - mean) * rstd * w + b.
-template <class L, typename A>
-RNN_HD void norm_row(const L& loop, A* v, const A* w, const A* b, int64_t F) {
-  A stats[2];
-  row_stats(loop, F, [&](int64_t k) RNN_ROW_LAMBDA { return v[k]; }, stats);
-  const A mean = stats[0], rstd = stats[1];
-  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { v[k] = (v[k] - mean) * rstd * w[k] + b[k]; });
-}
-
-// The gradient of the norm's input a (F) from its output's dy (F): da = rstd (w dy -
-// mean(w dy) - a_hat mean(w dy a_hat)); a is overwritten with a_hat (for the parameters'
-// gradients).
-template <class L, typename A, typename O>
-RNN_HD void norm_row_backward(const L& loop, const A* dy, A* a, const A* w, O* da, int64_t F) {
-  A stats[2];
-  row_stats(loop, F, [&](int64_t k) RNN_ROW_LAMBDA { return a[k]; }, stats);
-  const A mean = stats[0], rstd = stats[1];
-  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { a[k] = (a[k] - mean) * rstd; });
-  A s1, s2;
-  loop.template sum2<A>(F, [&](int64_t k) RNN_ROW_LAMBDA { return dy[k] * w[k]; },
-                        [&](int64_t k) RNN_ROW_LAMBDA { return dy[k] * w[k] * a[k]; }, s1, s2);
-  s1 /= A(F);
-  s2 /= A(F);
-  loop.each(F, [&](int64_t k) RNN_ROW_LAMBDA { da[k] = O(rstd * (dy[k] * w[k] - s1 - a[k] * s2)); });
-}
 
 // ---- forward ------------------------------------------------------------------------
 template <typename S, typename A>
@@ -251,18 +148,6 @@ struct OptBwdStep {  // one time step, rows [0, n)
   }
 };
 
-// d = dh + dh_in * rscale + d_out over n columns (dh_in, rscale optional).
-template <class L, typename S, typename A>
-RNN_HD void total_grad(const L& loop, A* d, const A* dh, const S* dh_in, const A* rscale, const S* d_out, int64_t n) {
-  if (dh_in && rscale) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(dh_in[j]) * rscale[j] + A(d_out[j]); });
-  } else if (dh_in) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(dh_in[j]) + A(d_out[j]); });
-  } else {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { d[j] = dh[j] + A(d_out[j]); });
-  }
-}
-
 // The recurrent norm's backward over the HG columns of the row's dG that feed W_hh
 // (dG columns k < HG in both cells' layouts): dH = rstd * (w dG - mean(w dG) - a_hat
 // mean(w dG a_hat)), and its gain's gradient dG a_hat summed; without layer norm dH = dG.
@@ -284,31 +169,6 @@ RNN_HD void recurrent_norm_backward(const L& loop, const OptBwdRow<S, A>& r, int
     r.dH[k] = S(rstd * (r.dG[k] * r.norm_hw[k] - s1 - ah * s2));
     r.dgh[k] += r.dG[k] * ah;
   });
-}
-
-// Zoneout's split of a gradient v into (kept, rest) in mode M: 0 off (all rest), 1 mask,
-// 2 expectation p. Modes are picked outside the loops (with_zoneout_mode).
-template <int M, typename A>
-RNN_HD A zoneout_kept_share(A v, const uint8_t* keep, int64_t j, A p) {
-  if constexpr (M == 0) return A(0);
-  if constexpr (M == 1) return keep[j] ? v : A(0);
-  return p * v;
-}
-
-template <int M>
-struct ZoneoutMode {
-  static constexpr int value = M;
-};
-
-template <typename A, class F>
-RNN_HD void with_zoneout_mode(const uint8_t* keep, A p, F f) {
-  if (p == A(0)) {
-    f(ZoneoutMode<0>{});
-  } else if (keep) {
-    f(ZoneoutMode<1>{});
-  } else {
-    f(ZoneoutMode<2>{});
-  }
 }
 
 // htilde's value v(j) into where it goes: the projection's input r (out), the scratch
@@ -506,113 +366,5 @@ struct GruOptions {
     if (r.dH) recurrent_norm_backward(loop, r, 3 * H);
   }
 };
-
-// With a projection, after the step's h~ = r W_hr^T (written into out (P)): zoneout on
-// h, the state h and the next step's GEMM input.
-template <class L, typename S, typename A>
-RNN_HD void finish_projected(const L& loop, A* h, S* out, S* h_c, A* scratch, const A* rscale,
-                             const uint8_t* keep_h, int64_t P, A p_h) {
-  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { scratch[j] = A(out[j]); });
-  zoneout_row(loop, h, h, scratch, keep_h, p_h, P);
-  write_h(loop, h, out, h_c, rscale, P);
-}
-
-// hbar_{t-1} = h_{t-1} * rscale, dW_hh's row of a token.
-template <class L, typename S, typename A>
-RNN_HD void write_h_prev(const L& loop, S* h_prev_c, const A* h, const A* rscale, int64_t n) {
-  if (rscale) {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { h_prev_c[j] = S(h[j] * rscale[j]); });
-  } else {
-    loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA { h_prev_c[j] = S(h[j]); });
-  }
-}
-
-// The backward's scan of sequence b in forward order: the LSTM's zoned-out c_t (states)
-// and, unless projected, hbar_{t-1} (h_prev_c) through zoneout on h; with a projection r_t
-// for the driver. The GRU's h_{t-1} (states) and hbar_{t-1}.
-template <bool kLstm, class L, typename S, typename A>
-RNN_HD void options_scan(const L& loop, const OptScanArgs<S, A>& a, int64_t b) {
-  const int64_t H = a.H, P = a.P;
-  A* carry = a.carry + b * P;  // h_{t-1}
-  A* tilde = a.scratch + b * H;
-  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * P + j]; });
-  const A* c_prev = kLstm ? a.c0 + b * H : nullptr;
-  const A* rs = a.rscale ? a.rscale + b * P : nullptr;
-  for (int64_t k = 0; k < a.T; ++k) {
-    const int64_t t = a.reverse ? a.T - 1 - k : k;
-    if (b >= a.sizes[t]) continue;
-    const int64_t tok = a.offsets[t] + b;
-    const S* g = a.gates + tok * 4 * H;
-    A* state = a.states + tok * H;
-    if constexpr (kLstm) {
-      if (!a.project && a.p_c == A(0) && a.p_h == A(0) && !rs) {  // one pass
-        S* hp = a.h_prev_c + tok * P;
-        if (a.stats_c) {
-          const A mean = a.stats_c[2 * tok], rstd = a.stats_c[2 * tok + 1];
-          loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
-            hp[j] = S(carry[j]);
-            const A ct = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]);
-            state[j] = ct;
-            carry[j] = A(g[3 * H + j]) * tanh_act((ct - mean) * rstd * a.norm_cw[j] + a.norm_cb[j]);
-          });
-        } else {
-          loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
-            hp[j] = S(carry[j]);
-            const A ct = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]);
-            state[j] = ct;
-            carry[j] = A(g[3 * H + j]) * tanh_act(ct);
-          });
-        }
-        c_prev = state;
-        continue;
-      }
-    }
-    if (!(kLstm && a.project)) write_h_prev(loop, a.h_prev_c + tok * P, carry, rs, P);
-    if constexpr (kLstm) {
-      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { tilde[j] = A(g[H + j]) * c_prev[j] + A(g[j]) * A(g[2 * H + j]); });
-      zoneout_row(loop, state, c_prev, tilde, a.keep_c ? a.keep_c + tok * H : nullptr, a.p_c, H);
-      if (a.stats_c) {
-        const A mean = a.stats_c[2 * tok], rstd = a.stats_c[2 * tok + 1];
-        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
-          tilde[j] = A(g[3 * H + j]) * tanh_act((tilde[j] - mean) * rstd * a.norm_cw[j] + a.norm_cb[j]);
-        });
-      } else {
-        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { tilde[j] = A(g[3 * H + j]) * tanh_act(tilde[j]); });
-      }
-      if (a.project) {
-        loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { a.r[tok * H + j] = S(tilde[j]); });
-      } else {
-        zoneout_row(loop, carry, carry, tilde, a.keep_h ? a.keep_h + tok * P : nullptr, a.p_h, P);
-      }
-      c_prev = state;
-    } else {
-      loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
-        const A z = A(g[H + j]), n = A(g[2 * H + j]), hp = carry[j];
-        state[j] = hp;
-        tilde[j] = n + z * (hp - n);
-      });
-      zoneout_row(loop, carry, carry, tilde, a.keep_h ? a.keep_h + tok * H : nullptr, a.p_h, H);
-    }
-  }
-}
-
-// The projected LSTM's hbar_{t-1} (h_prev_c) of sequence b from h~_t = r_t W_hr^T (htil,
-// (N, P)) through zoneout on h, in forward order.
-template <class L, typename S, typename A>
-RNN_HD void projected_scan(const L& loop, const OptScanArgs<S, A>& a, const S* htil, int64_t b) {
-  const int64_t P = a.P;
-  A* carry = a.carry + b * P;
-  A* next = a.scratch + b * a.H;  // (P <= H columns)
-  loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * P + j]; });
-  const A* rs = a.rscale ? a.rscale + b * P : nullptr;
-  for (int64_t k = 0; k < a.T; ++k) {
-    const int64_t t = a.reverse ? a.T - 1 - k : k;
-    if (b >= a.sizes[t]) continue;
-    const int64_t tok = a.offsets[t] + b;
-    write_h_prev(loop, a.h_prev_c + tok * P, carry, rs, P);
-    loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { next[j] = A(htil[tok * P + j]); });
-    zoneout_row(loop, carry, carry, next, a.keep_h ? a.keep_h + tok * P : nullptr, a.p_h, P);
-  }
-}
 
 }  // namespace lrnn
