@@ -102,7 +102,9 @@ def test_data_configs_instantiate(tmp_path, small_text):
 def test_recipe_overrides_reach_the_constructor(tmp_path):
     cfg = compose_config(tmp_path, ["experiment=char_shakespeare_large"])
     assert (cfg.model.rnn.hidden_size, cfg.model.rnn.num_layers) == (512, 3)
-    assert cfg.model.scheduler._target_ == "torch.optim.lr_scheduler.StepLR"
+    assert cfg.model.rnn.dropout == 0.25  # the large recipe's own value over char_shakespeare's
+    assert cfg.model.scheduler._target_ == "lightning_rnn.modules.schedules.BudgetCosine"  # inherited
+    assert cfg.trainer.max_time == "00:00:10:00"
     assert cfg.data.corpus == "tiny_shakespeare"
 
 

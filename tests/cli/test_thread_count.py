@@ -101,7 +101,7 @@ def test_the_cli_runs_the_task_with_its_count_and_says_it_once(tmp_path, monkeyp
     monkeypatch.setattr(threads, "available_cpus", lambda: 4)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     torch.set_num_threads(3)
-    cfg = compose_config(tmp_path, ["task._target_=test_threads.record_threads", "trainer.devices=2", *QUICK])
+    cfg = compose_config(tmp_path, ["task._target_=test_thread_count.record_threads", "trainer.devices=2", *QUICK])
     SEEN.clear()
     with caplog.at_level(logging.INFO, logger="lightning_rnn.tasks.threads"):
         run(cfg)
@@ -113,7 +113,7 @@ def test_the_cli_runs_the_task_with_its_count_and_says_it_once(tmp_path, monkeyp
 
 def test_a_process_that_ddp_started_says_nothing(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("LOCAL_RANK", "1")
-    cfg = compose_config(tmp_path, ["task._target_=test_threads.record_threads", "threads=1", *QUICK])
+    cfg = compose_config(tmp_path, ["task._target_=test_thread_count.record_threads", "threads=1", *QUICK])
     with caplog.at_level(logging.INFO, logger="lightning_rnn.tasks.threads"):
         run(cfg)
     assert not [r for r in caplog.records if r.name == "lightning_rnn.tasks.threads"]
