@@ -119,7 +119,9 @@ std::vector<at::Tensor> options_forward(const at::Tensor& x, const at::Tensor& b
   std::vector<at::Tensor> norm_s;  // the norm parameters in the state dtype
   for (const OptTensor& t : o.norm) norm_s.push_back(t ? t->to(state).contiguous() : at::Tensor());
   const at::Tensor rscale = o.rscale(sopt);
-  at::Tensor gates = BufferPool::empty({N, 4 * H}, copt);
+  // the LSTM's gates over pre in place where both share a dtype (as rnn_driver.h): a row
+  // pass reads each column of pre before it writes the gate there, and pre is not saved
+  at::Tensor gates = kLstm && compute == state ? pre : BufferPool::empty({N, 4 * H}, copt);
   at::Tensor out = at::empty({N, P}, copt);
   at::Tensor h = h0.to(state).clone().contiguous();  // (B, P) the state h
   at::Tensor c = kLstm ? c0->to(state).clone().contiguous() : at::Tensor();
@@ -138,12 +140,13 @@ std::vector<at::Tensor> options_forward(const at::Tensor& x, const at::Tensor& b
     if (norm) Dev::template norm_rows<S, A>(pre, norm_s[0], norm_s[1]);  // LN_ih, every token's row at once
     for (int64_t k = 0; k < s.T; ++k) {
       const int64_t t = s.step(k), n = s.sizes[t], off = s.offsets[t];
-      at::Tensor dst = norm ? a_h.narrow(0, off, n) : hw.narrow(0, 0, n);  // (n, G*H)
-      if (!step_gemm.run_rows(ptr<S>(h_c), P, n, ptr<S>(dst), GH)) {
-        const at::Tensor y = step_gemm.run(h_c.narrow(0, 0, n), dst);
-        if (y.data_ptr() != dst.data_ptr()) dst.copy_(y);
+      S* dst = norm ? ptr<S>(a_h) + off * GH : ptr<S>(hw);  // (n, G*H); views only off panels
+      if (!step_gemm.run_rows(ptr<S>(h_c), P, n, dst, GH)) {
+        at::Tensor rows = norm ? a_h.narrow(0, off, n) : hw.narrow(0, 0, n);
+        const at::Tensor y = step_gemm.run(h_c.narrow(0, 0, n), rows);
+        if (y.data_ptr() != rows.data_ptr()) rows.copy_(y);
       }
-      OptFwdStep<S, A> step{ptr<A>(pre) + off * GH, ptr<S>(dst), ptr<A>(bias), ptr<A>(b_hn),
+      OptFwdStep<S, A> step{ptr<A>(pre) + off * GH, dst, ptr<A>(bias), ptr<A>(b_hn),
                             norm ? ptr<A>(norm_s[2]) : nullptr, norm ? ptr<A>(norm_s[3]) : nullptr,
                             norm && kLstm ? ptr<A>(norm_s[4]) : nullptr, norm && kLstm ? ptr<A>(norm_s[5]) : nullptr,
                             norm ? ptr<A>(stats_h) + 2 * off : nullptr,

@@ -207,15 +207,60 @@ RNN_HD void hidden_grad(const L& loop, A* d, A* dh, const S* dh_in, const A* rsc
     });
     return;
   }
+  if (dh_in && !rscale) {  // zoneout on h: the sum and its split in one pass
+    with_zoneout_mode(keep_h, p_h, [&](auto mode) RNN_ROW_LAMBDA {
+      loop.each(n, [&](int64_t j) RNN_ROW_LAMBDA {
+        const A v = dh[j] + A(dh_in[j]) + A(d_out[j]);
+        const A kept = zoneout_kept_share<decltype(mode)::value>(v, keep_h, j, p_h);
+        d[j] = v - kept;
+        dh[j] = kept;
+      });
+    });
+    return;
+  }
   total_grad(loop, d, dh, dh_in, rscale, d_out, n);
   zoneout_split(loop, d, dh, keep_h, p_h, n);
 }
 
 struct LstmOptions {
+  // The forward of one row without the cell norm, a projection or recurrent dropout, in
+  // one pass: the gates, ctilde, htilde = o * tanh(ctilde), zoneout on c and on h, and h
+  // into the state, the output and the next GEMM's input (the passes below, fused).
+  template <class L, typename S, typename A>
+  RNN_HD static void zoneout_forward(const L& loop, const OptFwdRow<S, A>& r, int64_t H, A p_c, A p_h) {
+    with_recurrent_side(loop, r, 4 * H, [&](auto rec) RNN_ROW_LAMBDA {
+      with_zoneout_mode(r.keep_c, p_c, [&](auto mc) RNN_ROW_LAMBDA {
+        with_zoneout_mode(r.keep_h, p_h, [&](auto mh) RNN_ROW_LAMBDA {
+          loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+            const A i = sigmoid(r.pre[j] + rec(j) + r.bias[j]);
+            const A f = sigmoid(r.pre[H + j] + rec(H + j) + r.bias[H + j]);
+            const A g = tanh_act(r.pre[2 * H + j] + rec(2 * H + j) + r.bias[2 * H + j]);
+            const A o = sigmoid(r.pre[3 * H + j] + rec(3 * H + j) + r.bias[3 * H + j]);
+            r.gates[j] = S(i);
+            r.gates[H + j] = S(f);
+            r.gates[2 * H + j] = S(g);
+            r.gates[3 * H + j] = S(o);
+            const A c_prev = r.c[j];
+            const A ct = f * c_prev + i * g;
+            const A ht = o * tanh_act(ct);
+            r.c[j] = zoneout_mix<decltype(mc)::value>(c_prev, ct, r.keep_c, j, p_c);
+            const A h = zoneout_mix<decltype(mh)::value>(r.h[j], ht, r.keep_h, j, p_h);
+            r.h[j] = h;
+            r.out[j] = r.h_c[j] = S(h);
+          });
+        });
+      });
+    });
+  }
+
   // Forward of one row: gates, ctilde, the cell norm, zoneout, the outputs (see OptFwdRow).
   template <class L, typename S, typename A>
   RNN_HD static void forward(const L& loop, const OptFwdRow<S, A>& r, int64_t H, int64_t P, A p_c, A p_h,
                              bool project) {
+    if (!r.norm_cw && !project && !r.rscale) {  // zoneout alone: one pass, P == H
+      zoneout_forward(loop, r, H, p_c, p_h);
+      return;
+    }
     A* ct = p_c == A(0) ? r.c : r.ctil;  // ctilde, which is c_t itself without zoneout on c
     with_recurrent_side(loop, r, 4 * H, [&](auto rec) RNN_ROW_LAMBDA {
       loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {

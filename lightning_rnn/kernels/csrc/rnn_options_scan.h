@@ -29,9 +29,50 @@ RNN_HD void write_h_prev(const L& loop, S* h_prev_c, const A* h, const A* rscale
 // The backward's scan of sequence b in forward order: the LSTM's zoned-out c_t (states)
 // and, unless projected, hbar_{t-1} (h_prev_c) through zoneout on h; with a projection r_t
 // for the driver. The GRU's h_{t-1} (states) and hbar_{t-1}.
+// The LSTM's scan of sequence b without a projection, the cell norm or recurrent dropout
+// (P == H), one pass a token: hbar_{t-1}, c_t and h_t through zoneout in modes MC, MH
+// (rnn_rows.h: zoneout_mix).
+template <int MC, int MH, class L, typename S, typename A>
+RNN_HD void zoneout_scan(const L& loop, const OptScanArgs<S, A>& a, int64_t b) {
+  const int64_t H = a.H;
+  A* carry = a.carry + b * H;  // h_{t-1}
+  loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * H + j]; });
+  const A* c_prev = a.c0 + b * H;
+  const A p_c = a.p_c, p_h = a.p_h;
+  for (int64_t k = 0; k < a.T; ++k) {
+    const int64_t t = a.reverse ? a.T - 1 - k : k;
+    if (b >= a.sizes[t]) continue;
+    const int64_t tok = a.offsets[t] + b;
+    const S* g = a.gates + tok * 4 * H;
+    A* state = a.states + tok * H;
+    S* hp = a.h_prev_c + tok * H;
+    const uint8_t* keep_c = a.keep_c ? a.keep_c + tok * H : nullptr;
+    const uint8_t* keep_h = a.keep_h ? a.keep_h + tok * H : nullptr;
+    loop.each(H, [&](int64_t j) RNN_ROW_LAMBDA {
+      const A h_prev = carry[j];
+      hp[j] = S(h_prev);
+      const A cp = c_prev[j];
+      const A ct = A(g[H + j]) * cp + A(g[j]) * A(g[2 * H + j]);
+      state[j] = zoneout_mix<MC>(cp, ct, keep_c, j, p_c);
+      carry[j] = zoneout_mix<MH>(h_prev, A(g[3 * H + j]) * tanh_act(ct), keep_h, j, p_h);
+    });
+    c_prev = state;
+  }
+}
+
 template <bool kLstm, class L, typename S, typename A>
 RNN_HD void options_scan(const L& loop, const OptScanArgs<S, A>& a, int64_t b) {
   const int64_t H = a.H, P = a.P;
+  if constexpr (kLstm) {
+    if (!a.project && !a.stats_c && !a.rscale && (a.p_c != A(0) || a.p_h != A(0))) {
+      with_zoneout_mode(a.keep_c, a.p_c, [&](auto mc) RNN_ROW_LAMBDA {
+        with_zoneout_mode(a.keep_h, a.p_h, [&](auto mh) RNN_ROW_LAMBDA {
+          zoneout_scan<decltype(mc)::value, decltype(mh)::value>(loop, a, b);
+        });
+      });
+      return;
+    }
+  }
   A* carry = a.carry + b * P;  // h_{t-1}
   A* tilde = a.scratch + b * H;
   loop.each(P, [&](int64_t j) RNN_ROW_LAMBDA { carry[j] = a.h0[b * P + j]; });

@@ -132,6 +132,15 @@ RNN_HD A zoneout_kept_share(A v, const uint8_t* keep, int64_t j, A p) {
   return p * v;
 }
 
+// Zoneout's value of column j in mode M (as zoneout_row): next (0), the mask's pick of
+// prev or next (1), the expectation next + p * (prev - next) (2).
+template <int M, typename A>
+RNN_HD A zoneout_mix(A prev, A next, const uint8_t* keep, int64_t j, A p) {
+  if constexpr (M == 0) return next;
+  if constexpr (M == 1) return keep[j] ? prev : next;
+  return next + p * (prev - next);
+}
+
 template <int M>
 struct ZoneoutMode {
   static constexpr int value = M;
